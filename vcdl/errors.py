@@ -1,0 +1,76 @@
+"""vcdl's exception hierarchy.
+
+One base, :class:`VcdlError`; every subclass also inherits the builtin it
+resembles (as zarr-python's ``errors.py`` does), so ``except ValueError`` in a
+caller's code keeps working. ``exit_code`` is what the CLI exits with: 2 for
+bad input that the user must fix, 1 for failures at run time.
+Messages say what was wrong and what to do.
+"""
+
+from __future__ import annotations
+
+
+class VcdlError(Exception):
+    """Base of every error vcdl raises on purpose."""
+
+    exit_code: int = 1
+
+
+class ConfigError(VcdlError, ValueError):
+    """The run configuration is invalid (unknown key, wrong type, out of range)."""
+
+    exit_code = 2
+
+
+class DataError(VcdlError, ValueError):
+    """A data set is missing, malformed or does not fit the run."""
+
+    exit_code = 2
+
+
+class ModelError(VcdlError, ValueError):
+    """A model factory cannot be found, imported or called."""
+
+    exit_code = 2
+
+
+class StoreError(VcdlError, OSError):
+    """The weight store cannot be read or written."""
+
+
+class StoreNotFoundError(StoreError, FileNotFoundError):
+    """A group (version, result, data set) is not in the store or is incomplete."""
+
+
+class IntegrityError(StoreError):
+    """Stored bytes do not match their recorded checksum, or a group is torn."""
+
+
+class MergeError(VcdlError, ValueError):
+    """Two state dicts cannot be merged (keys, shapes or dtypes differ; bad alpha)."""
+
+
+class ResultRejected(VcdlError, ValueError):
+    """A worker's result failed validation (NaN/Inf, wrong keys/shapes, absurd norm)."""
+
+
+class LedgerError(VcdlError, RuntimeError):
+    """The ledger refused an operation or is inconsistent."""
+
+
+class RunNotFound(LedgerError, LookupError):
+    """No run of that name in the ledger."""
+
+    exit_code = 2
+
+
+class HeadConflict(LedgerError):
+    """The head moved between reading it and the compare-and-swap; retry."""
+
+
+class AlreadyMerged(LedgerError):
+    """The subtask already has a merged version: this attempt is a duplicate."""
+
+
+class LeaseHeld(LedgerError):
+    """Another driver process holds the run's lease."""
