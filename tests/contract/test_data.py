@@ -1,0 +1,388 @@
+"""Contract of vcdl.data against a store: writing, opening, reading, importing, built-ins."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+
+from vcdl.data import (
+    DatasetInfo,
+    import_npz,
+    list_datasets,
+    make_digits,
+    make_mnist1d,
+    open_dataset,
+    read_rows,
+    write_dataset,
+)
+from vcdl.errors import DataError
+from vcdl.store import WeightStore
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> WeightStore:
+    return WeightStore(str(tmp_path / "store"))
+
+
+def small(
+    seed: int = 0, n_train: int = 50, n_test: int = 20, shape: tuple[int, ...] = (3, 4)
+) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    return {
+        "x_train": rng.normal(size=(n_train, *shape)).astype(np.float32),
+        "y_train": rng.integers(0, 5, size=n_train),
+        "x_test": rng.normal(size=(n_test, *shape)).astype(np.float32),
+        "y_test": rng.integers(0, 5, size=n_test),
+    }
+
+
+# --- write / open / list -----------------------------------------------------
+
+
+def test_write_then_open_round_trip(store: WeightStore) -> None:
+    arrays = small()
+    arrays["y_train"][0] = 4  # make num_classes inference deterministic
+    info = write_dataset(store, "toy", **arrays, source="test")
+    assert info == open_dataset(store, "toy")
+    assert info.n_train == 50 and info.n_test == 20
+    assert info.input_shape == (3, 4)
+    assert info.num_classes == 5
+    assert info.source == "test"
+    assert info.fingerprint.startswith("sha256:")
+    group = store.open_group("datasets/toy")
+    assert group.attrs["complete"] is True
+    assert group.attrs["input_shape"] == [3, 4]
+    assert "created_at" in group.attrs
+    x_arr, y_arr = group["x_train"], group["y_test"]
+    assert isinstance(x_arr, zarr.Array) and isinstance(y_arr, zarr.Array)
+    assert x_arr.dtype == np.float32
+    assert y_arr.dtype == np.int64
+    x, y = read_rows(store, "toy", "train")
+    np.testing.assert_array_equal(x, arrays["x_train"])
+    np.testing.assert_array_equal(y, arrays["y_train"])
+
+
+def test_rows_are_chunked_with_full_sample_extent(store: WeightStore) -> None:
+    arrays = small(n_train=20_000, shape=(40,))
+    write_dataset(store, "big", **arrays, source="test")
+    arr = store.open_group("datasets/big")["x_train"]
+    assert isinstance(arr, zarr.Array)
+    rows = arr.chunks[0]
+    assert arr.chunks[1:] == (40,)
+    assert 1 << 20 <= rows * 40 * 4 <= 4 << 20
+
+
+def test_list_datasets_skips_incomplete(store: WeightStore) -> None:
+    assert list_datasets(store) == []
+    write_dataset(store, "b", **small(1), source="test")
+    write_dataset(store, "a", **small(2), source="test")
+    write_dataset(store, "c", **small(3), source="test")
+    store.open_group("datasets/c", mode="a").update_attributes({"complete": False})
+    assert [i.name for i in list_datasets(store)] == ["a", "b"]
+    assert all(isinstance(i, DatasetInfo) for i in list_datasets(store))
+
+
+def test_open_missing_gives_advice(store: WeightStore) -> None:
+    with pytest.raises(DataError) as info:
+        open_dataset(store, "nope")
+    msg = str(info.value)
+    assert "data set 'nope' not found in store" in msg
+    assert store.uri("") in msg
+    assert "vcdl data make digits|mnist1d" in msg
+    assert "vcdl data import FILE.npz --name nope" in msg
+
+
+@pytest.mark.parametrize("complete", [None, False, "yes"])
+def test_incomplete_data_set_is_missing(store: WeightStore, complete: Any) -> None:
+    write_dataset(store, "half", **small(), source="test")
+    group = store.open_group("datasets/half", mode="a")
+    if complete is None:
+        group.attrs.pop("complete")
+    else:
+        group.update_attributes({"complete": complete})
+    with pytest.raises(DataError, match="vcdl data make"):
+        open_dataset(store, "half")
+    with pytest.raises(DataError, match="not found"):
+        read_rows(store, "half", "train")
+
+
+def test_missing_array_is_malformed(store: WeightStore) -> None:
+    write_dataset(store, "toy", **small(), source="test")
+    del store.open_group("datasets/toy", mode="a")["y_test"]
+    with pytest.raises(DataError, match="malformed: array 'y_test' is missing"):
+        open_dataset(store, "toy")
+
+
+def test_rewrite_replaces(store: WeightStore) -> None:
+    write_dataset(store, "toy", **small(0, n_train=50), source="one")
+    info = write_dataset(store, "toy", **small(1, n_train=30), source="two")
+    assert open_dataset(store, "toy") == info
+    assert read_rows(store, "toy", "train")[0].shape == (30, 3, 4)
+
+
+def test_fingerprint_tracks_content(store: WeightStore) -> None:
+    arrays = small()
+    fp = write_dataset(store, "a", **arrays, source="x").fingerprint
+    assert write_dataset(store, "b", **arrays, source="y").fingerprint == fp
+    # Equal values in other dtypes are the same data once stored.
+    as64 = {
+        k: v.astype(np.float64) if k.startswith("x") else v.astype(np.int32)
+        for k, v in arrays.items()
+    }
+    assert write_dataset(store, "c", **as64, source="z").fingerprint == fp
+    changed = {k: v.copy() for k, v in arrays.items()}
+    changed["x_test"][3, 1, 2] += 1e-3
+    assert write_dataset(store, "d", **changed, source="x").fingerprint != fp
+    relabelled = {k: v.copy() for k, v in arrays.items()}
+    relabelled["y_train"][0] = (relabelled["y_train"][0] + 1) % 5
+    assert write_dataset(store, "e", **relabelled, source="x").fingerprint != fp
+    swapped = dict(
+        arrays,
+        x_train=arrays["x_test"],
+        y_train=arrays["y_test"],
+        x_test=arrays["x_train"],
+        y_test=arrays["y_train"],
+    )
+    assert write_dataset(store, "f", **swapped, source="x").fingerprint != fp
+
+
+def _with(**changes: Any) -> dict[str, Any]:
+    arrays: dict[str, Any] = small()
+    arrays.update(changes)
+    return arrays
+
+
+@pytest.mark.parametrize(
+    ("name", "arrays", "kwargs", "match"),
+    [
+        ("bad/name", small(), {}, "invalid data set name 'bad/name'"),
+        ("..", small(), {}, "invalid data set name"),
+        ("", small(), {}, "invalid data set name"),
+        ("__zarr", small(), {}, "not starting with '__'"),
+        (
+            "ok",
+            _with(y_train=np.zeros(49, dtype=np.int64)),
+            {},
+            "x_train has 50 rows but y_train has 49",
+        ),
+        ("ok", _with(y_test=np.full(20, -1)), {}, r"labels must be integers in \[0, 5\)"),
+        (
+            "ok",
+            _with(y_test=np.full(20, 5)),
+            {"num_classes": 5},
+            r"in \[0, 5\), found values from 0 to 5",
+        ),
+        ("ok", _with(y_train=np.zeros(50, dtype=np.float32)), {}, "y_train must hold integer"),
+        ("ok", _with(y_train=np.zeros((50, 1), dtype=np.int64)), {}, "y_train must be 1-D"),
+        ("ok", _with(x_test=np.full((20, 3, 4), np.nan)), {}, "x_test has 240 non-finite"),
+        ("ok", _with(x_train=np.full((50, 3, 4), 1e300)), {}, "beyond float32 range"),
+        ("ok", _with(x_train=np.array(["a"] * 50)), {}, "x_train must be numeric"),
+        (
+            "ok",
+            _with(x_train=np.zeros(50)),
+            {},
+            r"x_train must have shape \(rows, \*sample_shape\)",
+        ),
+        (
+            "ok",
+            _with(x_test=np.zeros((20, 4, 3))),
+            {},
+            r"x_train samples have shape \(3, 4\) but x_test",
+        ),
+        (
+            "ok",
+            _with(x_test=np.zeros((0, 3, 4)), y_test=np.zeros(0, dtype=np.int64)),
+            {},
+            "the test split is empty",
+        ),
+        ("ok", small(), {"num_classes": 0}, "num_classes must be >= 1"),
+    ],
+)
+def test_write_validation(
+    store: WeightStore, name: str, arrays: dict[str, Any], kwargs: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(DataError, match=match):
+        write_dataset(store, name, **arrays, source="test", **kwargs)
+    assert list_datasets(store) == []
+
+
+# --- read_rows -----------------------------------------------------------------
+
+
+def test_read_rows_in_given_order(store: WeightStore) -> None:
+    arrays = small(n_train=1000, shape=(5,))
+    write_dataset(store, "toy", **arrays, source="test")
+    idx = np.array([999, 3, 500, 3, 0, 998, 17])
+    x, y = read_rows(store, "toy", "train", idx)
+    np.testing.assert_array_equal(x, arrays["x_train"][idx])
+    np.testing.assert_array_equal(y, arrays["y_train"][idx])
+    assert x.dtype == np.float32 and y.dtype == np.int64
+    perm = np.random.default_rng(1).permutation(20)
+    xt, yt = read_rows(store, "toy", "test", perm)
+    np.testing.assert_array_equal(xt, arrays["x_test"][perm])
+    np.testing.assert_array_equal(yt, arrays["y_test"][perm])
+
+
+def test_read_rows_empty_selection(store: WeightStore) -> None:
+    write_dataset(store, "toy", **small(), source="test")
+    x, y = read_rows(store, "toy", "train", np.array([], dtype=np.int64))
+    assert x.shape == (0, 3, 4) and x.dtype == np.float32
+    assert y.shape == (0,) and y.dtype == np.int64
+
+
+@pytest.mark.parametrize(
+    ("split", "indices", "match"),
+    [
+        ("valid", None, "split must be one of"),
+        ("train", np.array([0, 50]), r"out of range .* \(50 rows\): found values from 0 to 50"),
+        ("test", np.array([-1]), "out of range"),
+        ("train", np.array([[0, 1]]), "indices must be 1-D"),
+        ("train", np.array([0.0, 1.0]), "indices must be integers"),
+    ],
+)
+def test_read_rows_validation(store: WeightStore, split: str, indices: Any, match: str) -> None:
+    write_dataset(store, "toy", **small(), source="test")
+    with pytest.raises(DataError, match=match):
+        read_rows(store, "toy", split, indices)
+
+
+# --- import_npz --------------------------------------------------------------
+
+
+def test_import_npz(store: WeightStore, tmp_path: Path) -> None:
+    arrays = small()
+    path = tmp_path / "set.npz"
+    np.savez(path, **arrays, extra=np.arange(3))
+    info = import_npz(store, path, "imported")
+    assert info == open_dataset(store, "imported")
+    assert info.source == f"npz:{path.resolve()}"
+    np.testing.assert_array_equal(read_rows(store, "imported", "test")[1], arrays["y_test"])
+
+
+def test_import_npz_missing_keys(store: WeightStore, tmp_path: Path) -> None:
+    path = tmp_path / "set.npz"
+    np.savez(path, x_train=np.zeros((2, 2)), y_train=np.zeros(2, dtype=int), x=np.zeros(1))
+    with pytest.raises(
+        DataError, match="missing key\\(s\\) x_test, y_test; found x, x_train, y_train"
+    ):
+        import_npz(store, path, "bad")
+
+
+@pytest.mark.parametrize("content", [b"", b"not an npz at all", b"PK\x03\x04broken zip"])
+def test_import_npz_unreadable(store: WeightStore, tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "bad.npz"
+    path.write_bytes(content)
+    with pytest.raises(DataError, match=r"cannot import .*bad\.npz"):
+        import_npz(store, path, "bad")
+
+
+def test_import_npz_missing_file(store: WeightStore, tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="file not found"):
+        import_npz(store, tmp_path / "absent.npz", "bad")
+
+
+def test_import_single_npy_rejected(store: WeightStore, tmp_path: Path) -> None:
+    path = tmp_path / "one.npy"
+    np.save(path, np.zeros(3))
+    with pytest.raises(DataError, match=r"not an \.npz archive"):
+        import_npz(store, path, "bad")
+
+
+def test_import_npz_refuses_pickled_objects(store: WeightStore, tmp_path: Path) -> None:
+    arrays: dict[str, Any] = small()
+    arrays["x_train"] = np.array([object()] * 50, dtype=object)
+    path = tmp_path / "pickled.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(DataError, match="'x_train' cannot be loaded without pickle"):
+        import_npz(store, path, "bad")
+    assert list_datasets(store) == []
+
+
+# --- built-in sets -------------------------------------------------------------
+
+
+def test_make_digits(store: WeightStore) -> None:
+    info = make_digits(store, size=16, test_fraction=0.25, seed=3)
+    assert info.name == "digits"
+    assert info.input_shape == (1, 16, 16)
+    assert info.num_classes == 10
+    assert info.n_train + info.n_test == 1797
+    assert info.n_test == 450
+    x, y = read_rows(store, "digits", "train")
+    assert x.min() == 0.0 and x.max() == 1.0
+    # Nearest-neighbour upsampling: every 2x2 block is one original pixel.
+    np.testing.assert_array_equal(x[:, :, ::2, ::2], x[:, :, 1::2, 1::2])
+    # Stratified: every class in both splits.
+    assert set(y) == set(read_rows(store, "digits", "test")[1]) == set(range(10))
+    assert make_digits(store, name="again", size=16, test_fraction=0.25, seed=3).fingerprint == (
+        info.fingerprint
+    )
+    assert make_digits(store, name="other", size=16, test_fraction=0.25, seed=4).fingerprint != (
+        info.fingerprint
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"size": 12}, "multiple of 8"), ({"test_fraction": 1.0}, "test_fraction")],
+)
+def test_make_digits_validation(store: WeightStore, kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(DataError, match=match):
+        make_digits(store, **kwargs)
+
+
+def test_make_mnist1d_offline_and_side_effect_free(
+    store: WeightStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import random
+
+    import requests
+
+    def no_network(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("mnist1d tried to download")
+
+    monkeypatch.setattr(requests, "get", no_network)
+    monkeypatch.chdir(tmp_path)  # get_dataset would write ./mnist1d_data.pkl here
+    np.random.seed(7)
+    random.seed(7)
+    expected_np, expected_py = np.random.rand(), random.random()
+    np.random.seed(7)
+    random.seed(7)
+
+    info = make_mnist1d(store, samples=2000, seed=5)
+
+    assert (np.random.rand(), random.random()) == (expected_np, expected_py)
+    assert list(tmp_path.iterdir()) == [tmp_path / "store"]
+    assert info.input_shape == (40,)
+    assert (info.n_train, info.n_test, info.num_classes) == (1600, 400, 10)
+    x, y = read_rows(store, "mnist1d", "test")
+    assert x.shape == (400, 40) and x.dtype == np.float32
+    assert set(y) <= set(range(10))
+    again = make_mnist1d(store, name="mnist1d-again", samples=2000, seed=5)
+    assert again.fingerprint == info.fingerprint
+
+
+def test_make_mnist1d_writes_nothing_in_home(tmp_path: Path) -> None:
+    """mnist1d imports matplotlib, whose font cache must not land in ~/.cache."""
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MPL", "XDG_"))}
+    env["HOME"] = str(home)
+    code = (
+        "import sys\n"
+        "from vcdl.data import make_mnist1d\n"
+        "from vcdl.store import WeightStore\n"
+        "assert 'matplotlib' not in sys.modules\n"
+        f"make_mnist1d(WeightStore({str(tmp_path / 'store')!r}), samples=100)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, check=True, timeout=120)
+    assert list(home.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "store"]
