@@ -1,0 +1,469 @@
+"""Contract suite for :class:`vcdl.ledger.Ledger`, run on SQLite and PostgreSQL.
+
+Every test takes the ``ledger`` fixture and so runs once per backend; the
+behaviour the rest of vcdl relies on must not depend on the database. The
+``sqlite_url`` and ``pg_url`` fixtures come from tests/pgfixture.py (through
+tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy.engine import make_url
+from sqlmodel import Session
+
+from vcdl.errors import AlreadyMerged, HeadConflict, LeaseHeld, LedgerError, RunNotFound
+from vcdl.ledger import Ledger, Version, redact_url
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest) -> str:
+    url: str = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+    return url
+
+
+@pytest.fixture
+def ledger(db_url: str) -> Iterator[Ledger]:
+    led = Ledger(db_url)
+    yield led
+    led.close()
+
+
+def new_run(ledger: Ledger, name: str = "r1", shards: int = 4) -> None:
+    ledger.create_run(name, json.dumps({"lr": 0.1}), f"{name}/v0", "sum0")
+    ledger.ensure_subtasks(name, 0, shards)
+
+
+def merge(ledger: Ledger, name: str, attempt_id: str, expected_head: int) -> int:
+    version = ledger.commit_merge(
+        name,
+        attempt_id,
+        expected_head=expected_head,
+        uri=f"{name}/v{expected_head + 1}",
+        checksum=f"sum{expected_head + 1}",
+        alpha=0.5,
+        staleness=0,
+    )
+    return version.number
+
+
+# -- runs ---------------------------------------------------------------------
+
+
+def test_create_get_list_runs(ledger: Ledger) -> None:
+    run = ledger.create_run("a", '{"x": 1}', "a/v0", "c0")
+    assert (run.name, run.state, run.head_version, run.epochs_completed) == ("a", "created", 0, 0)
+    assert run.parent_run is None and run.lease_owner is None
+    ledger.create_run("b", "{}", "b/v0", "c0")
+
+    got = ledger.get_run("a")
+    assert got.config == '{"x": 1}'
+    assert ledger.find_run("zzz") is None
+    assert [r.name for r in ledger.list_runs()] == ["a", "b"]
+
+    v0 = ledger.head("a")
+    assert (v0.number, v0.parent, v0.subtask_id) == (0, None, None)
+    assert (v0.uri, v0.checksum) == ("a/v0", "c0")
+    assert [v.number for v in ledger.versions("a")] == [0]
+
+
+def test_timestamps_are_tz_aware_utc(ledger: Ledger) -> None:
+    before = datetime.now(UTC)
+    run = ledger.create_run("a", "{}", "a/v0", "c0")
+    for stamp in (run.created_at, ledger.get_run("a").created_at, ledger.head("a").created_at):
+        assert stamp.tzinfo is not None and stamp.utcoffset() == timedelta(0)
+        assert before - timedelta(seconds=1) <= stamp <= datetime.now(UTC)
+
+
+def test_duplicate_run_name_is_refused(ledger: Ledger) -> None:
+    ledger.create_run("a", "{}", "a/v0", "c0")
+    with pytest.raises(LedgerError, match=r"already exists.*--run NEW.*resume"):
+        ledger.create_run("a", "{}", "a/v0-again", "c1")
+    assert [v.uri for v in ledger.versions("a")] == ["a/v0"]
+
+
+def test_create_run_validates_input(ledger: Ledger) -> None:
+    with pytest.raises(LedgerError, match="not JSON"):
+        ledger.create_run("a", "{not json", "a/v0", "c0")
+    with pytest.raises(LedgerError, match="invalid run name"):
+        ledger.create_run("", "{}", "a/v0", "c0")
+    with pytest.raises(RunNotFound):
+        ledger.create_run("child", "{}", "c/v0", "c0", parent_run="nope", parent_version=0)
+    assert ledger.list_runs() == []
+
+
+def test_warm_start_records_parent(ledger: Ledger) -> None:
+    ledger.create_run("parent", "{}", "p/v0", "c0")
+    child = ledger.create_run("child", "{}", "c/v0", "c0", parent_run="parent", parent_version=0)
+    assert (child.parent_run, child.parent_version) == ("parent", 0)
+    with pytest.raises(LedgerError, match="no version 7"):
+        ledger.create_run("c2", "{}", "c2/v0", "c0", parent_run="parent", parent_version=7)
+
+
+def test_run_not_found_says_where_and_what_to_do(ledger: Ledger) -> None:
+    with pytest.raises(RunNotFound) as info:
+        ledger.get_run("ghost")
+    message = str(info.value)
+    assert "'ghost'" in message and ledger.display_url in message and "vcdl runs" in message
+    for call in (
+        lambda: ledger.head("ghost"),
+        lambda: ledger.versions("ghost"),
+        lambda: ledger.subtasks("ghost"),
+        lambda: ledger.attempts("ghost"),
+        lambda: ledger.evaluations("ghost"),
+        lambda: ledger.update_run("ghost", state="running"),
+        lambda: ledger.ensure_subtasks("ghost", 0, 2),
+        lambda: ledger.acquire_lease("ghost", "me", 10),
+    ):
+        with pytest.raises(RunNotFound):
+            call()
+    assert isinstance(info.value, LookupError)  # callers may catch the builtin
+
+
+def test_update_run(ledger: Ledger) -> None:
+    ledger.create_run("a", "{}", "a/v0", "c0")
+    created = ledger.get_run("a")
+    run = ledger.update_run("a", state="running", epochs_completed=2)
+    assert (run.state, run.epochs_completed) == ("running", 2)
+    assert run.updated_at >= created.updated_at
+    run = ledger.update_run("a", config='{"lr": 1}')
+    assert (run.state, run.config) == ("running", '{"lr": 1}')
+    with pytest.raises(LedgerError, match="invalid run state"):
+        ledger.update_run("a", state="exploded")
+
+
+# -- subtasks and attempts ----------------------------------------------------
+
+
+def test_ensure_subtasks_is_idempotent(ledger: Ledger) -> None:
+    ledger.create_run("a", "{}", "a/v0", "c0")
+    first = ledger.ensure_subtasks("a", 0, 3)
+    assert [(s.epoch, s.shard, s.state, s.attempts) for s in first] == [
+        (0, 0, "pending", 0),
+        (0, 1, "pending", 0),
+        (0, 2, "pending", 0),
+    ]
+    again = ledger.ensure_subtasks("a", 0, 3)
+    assert [s.id for s in again] == [s.id for s in first]
+    ledger.ensure_subtasks("a", 1, 2)
+    assert len(ledger.subtasks("a")) == 5
+    assert [s.shard for s in ledger.subtasks("a", 1)] == [0, 1]
+    pairs = [(s.epoch, s.shard) for s in ledger.subtasks("a")]
+    assert pairs == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    with pytest.raises(LedgerError):
+        ledger.ensure_subtasks("a", 0, 0)
+
+
+def test_attempts_are_numbered_per_subtask(ledger: Ledger) -> None:
+    new_run(ledger, "a", shards=2)
+    deadline = datetime.now(UTC) + timedelta(minutes=5)
+    a1 = ledger.start_attempt("a", 0, 1, "w1", deadline=deadline)
+    a2 = ledger.start_attempt("a", 0, 1, "w2")
+    b1 = ledger.start_attempt("a", 0, 0, "w1", base_version=0)
+    assert (a1.number, a2.number, b1.number) == (1, 2, 1)
+    assert len({a1.id, a2.id, b1.id}) == 3 and len(a1.id) == 32
+    assert (a1.base_version, a1.state, a1.worker, a1.finished_at) == (0, "running", "w1", None)
+    assert a1.deadline is not None and abs(a1.deadline - deadline) < timedelta(milliseconds=1)
+
+    sub = ledger.subtasks("a", 0)[1]
+    assert (sub.state, sub.attempts) == ("running", 2)
+    assert a1.subtask_id == sub.id
+    assert [(a.shard, a.number) for a in ledger.attempts("a", 0)] == [(0, 1), (1, 1), (1, 2)]
+    assert ledger.get_attempt(a2.id).worker == "w2"
+
+    with pytest.raises(LedgerError, match="ensure_subtasks"):
+        ledger.start_attempt("a", 5, 0, "w1")
+    with pytest.raises(LedgerError, match="base version 9"):
+        ledger.start_attempt("a", 0, 0, "w1", base_version=9)
+
+
+def test_start_attempt_reads_the_current_head(ledger: Ledger) -> None:
+    new_run(ledger, "a", shards=2)
+    first = ledger.start_attempt("a", 0, 0, "w1")
+    merge(ledger, "a", first.id, 0)
+    second = ledger.start_attempt("a", 0, 1, "w1")
+    assert second.base_version == 1
+
+
+def test_finish_attempt(ledger: Ledger) -> None:
+    new_run(ledger, "a")
+    attempt = ledger.start_attempt("a", 0, 0, "w1")
+    done = ledger.finish_attempt(
+        attempt.id, state="finished", result_uri="a/r0", samples=100, loss=0.5, train_seconds=1.5
+    )
+    assert (done.state, done.result_uri, done.samples, done.loss, done.train_seconds) == (
+        "finished",
+        "a/r0",
+        100,
+        0.5,
+        1.5,
+    )
+    assert done.finished_at is not None and done.finished_at >= done.started_at
+    # Later calls keep what they do not set.
+    rejected = ledger.finish_attempt(attempt.id, state="rejected", reason="NaN in fc.weight")
+    assert (rejected.state, rejected.result_uri, rejected.reason) == (
+        "rejected",
+        "a/r0",
+        "NaN in fc.weight",
+    )
+    with pytest.raises(LedgerError, match="invalid attempt state"):
+        ledger.finish_attempt(attempt.id, state="exploded")
+    with pytest.raises(LedgerError, match="commit_merge"):
+        ledger.finish_attempt(attempt.id, state="merged")
+    with pytest.raises(LedgerError, match="no attempt"):
+        ledger.get_attempt("0" * 32)
+
+
+def test_set_subtask_state(ledger: Ledger) -> None:
+    new_run(ledger, "a", shards=2)
+    sub0, sub1 = ledger.subtasks("a", 0)
+    assert sub0.id is not None and sub1.id is not None
+    dropped = ledger.set_subtask_state(sub0.id, "dropped", reason="past deadline at quorum")
+    assert (dropped.state, dropped.reason) == ("dropped", "past deadline at quorum")
+    # An attempt at a dropped subtask is still recorded; the state stays.
+    late = ledger.start_attempt("a", 0, 0, "w9")
+    assert late.number == 1 and ledger.subtasks("a", 0)[0].state == "dropped"
+
+    with pytest.raises(LedgerError, match="commit_merge"):
+        ledger.set_subtask_state(sub1.id, "merged")
+    with pytest.raises(LedgerError, match="invalid subtask state"):
+        ledger.set_subtask_state(sub1.id, "lost")
+    attempt = ledger.start_attempt("a", 0, 1, "w1")
+    merge(ledger, "a", attempt.id, 0)
+    with pytest.raises(LedgerError, match="final"):
+        ledger.set_subtask_state(sub1.id, "failed")
+
+
+# -- the merge ----------------------------------------------------------------
+
+
+def test_commit_merge_moves_the_head(ledger: Ledger) -> None:
+    new_run(ledger, "a")
+    attempt = ledger.start_attempt("a", 0, 2, "w1")
+    ledger.finish_attempt(attempt.id, state="finished", result_uri="a/r")
+    version = ledger.commit_merge(
+        "a", attempt.id, expected_head=0, uri="a/v1", checksum="c1", alpha=0.25, staleness=0
+    )
+    assert (version.number, version.parent, version.attempt_id, version.epoch) == (
+        1,
+        0,
+        attempt.id,
+        0,
+    )
+    assert (version.alpha, version.staleness, version.uri, version.checksum) == (
+        0.25,
+        0,
+        "a/v1",
+        "c1",
+    )
+    assert ledger.get_run("a").head_version == 1
+    assert ledger.head("a").id == version.id
+    assert ledger.get_version("a", 1).uri == "a/v1"
+    merged = ledger.get_attempt(attempt.id)
+    assert merged.state == "merged" and merged.result_uri == "a/r"
+    sub = ledger.subtasks("a", 0)[2]
+    assert (sub.state, sub.merged_version, version.subtask_id) == ("merged", 1, sub.id)
+
+
+def test_stale_expected_head_is_a_head_conflict(ledger: Ledger) -> None:
+    new_run(ledger, "a")
+    first = ledger.start_attempt("a", 0, 0, "w1")
+    second = ledger.start_attempt("a", 0, 1, "w2")
+    merge(ledger, "a", first.id, 0)
+    with pytest.raises(HeadConflict, match="v1, not v0"):
+        merge(ledger, "a", second.id, 0)
+    # Nothing changed: the caller re-reads the head and retries.
+    assert ledger.get_run("a").head_version == 1
+    assert ledger.get_attempt(second.id).state == "running"
+    assert ledger.subtasks("a", 0)[1].merged_version is None
+    assert merge(ledger, "a", second.id, 1) == 2
+    with pytest.raises(HeadConflict):
+        merge(ledger, "a", ledger.start_attempt("a", 0, 2, "w3").id, 7)
+
+
+def test_second_merge_of_a_subtask_is_already_merged(ledger: Ledger) -> None:
+    new_run(ledger, "a")
+    winner = ledger.start_attempt("a", 0, 3, "w1")
+    loser = ledger.start_attempt("a", 0, 3, "w2")
+    merge(ledger, "a", winner.id, 0)
+    with pytest.raises(AlreadyMerged, match="v1"):
+        merge(ledger, "a", loser.id, 1)
+    duplicate = ledger.get_attempt(loser.id)
+    assert duplicate.state == "duplicate" and duplicate.finished_at is not None
+    assert ledger.get_run("a").head_version == 1
+    assert len(ledger.versions("a")) == 2
+    # The winner cannot be merged twice either, and stays merged.
+    with pytest.raises(AlreadyMerged):
+        merge(ledger, "a", winner.id, 1)
+    assert ledger.get_attempt(winner.id).state == "merged"
+    # Attempts started after the merge are recorded; the subtask stays merged.
+    late = ledger.start_attempt("a", 0, 3, "w3")
+    assert late.number == 3
+    sub = ledger.subtasks("a", 0)[3]
+    assert (sub.state, sub.attempts, sub.merged_version) == ("merged", 3, 1)
+
+
+def test_unique_constraint_is_the_backstop(ledger: Ledger) -> None:
+    """A version for the subtask that bypassed the checks (a racing merger) wins."""
+    new_run(ledger, "a")
+    sub = ledger.subtasks("a", 0)[0]
+    attempt = ledger.start_attempt("a", 0, 0, "w1")
+    with Session(ledger._engine) as s, s.begin():
+        s.add(Version(run="a", number=50, parent=None, subtask_id=sub.id, uri="x", checksum="x"))
+    with pytest.raises(AlreadyMerged, match="v50"):
+        merge(ledger, "a", attempt.id, 0)
+    assert ledger.get_attempt(attempt.id).state == "duplicate"
+    assert ledger.get_run("a").head_version == 0  # the CAS was rolled back with the insert
+
+    # Any other constraint violation is an inconsistency, not a duplicate.
+    other = ledger.start_attempt("a", 0, 1, "w1")
+    with Session(ledger._engine) as s, s.begin():
+        s.add(Version(run="a", number=1, parent=0, uri="y", checksum="y"))
+    with pytest.raises(LedgerError, match="other than at-most-once") as info:
+        merge(ledger, "a", other.id, 0)
+    assert not isinstance(info.value, AlreadyMerged)
+    assert ledger.get_attempt(other.id).state == "running"
+
+
+def test_commit_merge_checks_the_attempt(ledger: Ledger) -> None:
+    new_run(ledger, "a")
+    new_run(ledger, "b")
+    attempt = ledger.start_attempt("a", 0, 0, "w1")
+    with pytest.raises(LedgerError, match="belongs to run 'a'"):
+        merge(ledger, "b", attempt.id, 0)
+    with pytest.raises(LedgerError, match="no attempt"):
+        merge(ledger, "a", "f" * 32, 0)
+
+
+def test_versions_form_a_chain(ledger: Ledger) -> None:
+    new_run(ledger, "a", shards=3)
+    ledger.ensure_subtasks("a", 1, 3)
+    for epoch in (0, 1):
+        for shard in (2, 0, 1):
+            attempt = ledger.start_attempt("a", epoch, shard, "w")
+            merge(ledger, "a", attempt.id, ledger.head("a").number)
+    versions = ledger.versions("a")
+    assert [v.number for v in versions] == list(range(7))
+    assert [v.parent for v in versions] == [None, 0, 1, 2, 3, 4, 5]
+    assert [v.epoch for v in versions] == [None, 0, 0, 0, 1, 1, 1]
+    assert len({v.subtask_id for v in versions[1:]}) == 6
+    assert ledger.head("a").number == 6
+    assert all(s.state == "merged" for s in ledger.subtasks("a"))
+    with pytest.raises(LedgerError, match="no version 9"):
+        ledger.get_version("a", 9)
+
+
+# -- evaluations and leases ---------------------------------------------------
+
+
+def test_evaluations(ledger: Ledger) -> None:
+    new_run(ledger, "a")
+    merge(ledger, "a", ledger.start_attempt("a", 0, 0, "w").id, 0)
+    assert ledger.evaluations("a") == []
+    first = ledger.record_evaluation("a", 0, None, "test", 0.1, 2.3, 1000)
+    ledger.record_evaluation("a", 1, 0, "test", 0.5, 1.2, 1000)
+    ledger.record_evaluation("a", 1, 0, "train", 0.6, 1.1, 5000)
+    assert first.created_at.tzinfo is not None
+    rows = ledger.evaluations("a")
+    assert [(e.version, e.epoch, e.split, e.accuracy, e.loss, e.samples) for e in rows] == [
+        (0, None, "test", 0.1, 2.3, 1000),
+        (1, 0, "test", 0.5, 1.2, 1000),
+        (1, 0, "train", 0.6, 1.1, 5000),
+    ]
+    with pytest.raises(LedgerError, match="no version 5"):
+        ledger.record_evaluation("a", 5, 0, "test", 0.5, 1.2, 1000)
+
+
+def test_lease_acquire_renew_held_expire_release(ledger: Ledger) -> None:
+    ledger.create_run("a", "{}", "a/v0", "c0")
+    ledger.acquire_lease("a", "driver-1", 60)
+    first = ledger.get_run("a").lease_expires
+    ledger.acquire_lease("a", "driver-1", 120)  # renew
+    run = ledger.get_run("a")
+    assert run.lease_owner == "driver-1"
+    assert first is not None and run.lease_expires is not None and run.lease_expires > first
+
+    with pytest.raises(LeaseHeld, match="driven by driver-1 until") as info:
+        ledger.acquire_lease("a", "driver-2", 60)
+    assert "wait" in str(info.value)
+
+    ledger.release_lease("a", "driver-2")  # not its lease: no-op
+    assert ledger.get_run("a").lease_owner == "driver-1"
+    ledger.release_lease("a", "driver-1")
+    run = ledger.get_run("a")
+    assert (run.lease_owner, run.lease_expires) == (None, None)
+    ledger.acquire_lease("a", "driver-2", 60)
+    assert ledger.get_run("a").lease_owner == "driver-2"
+    ledger.release_lease("a", "driver-2")
+
+    # An expired lease is free for anyone.
+    ledger.acquire_lease("a", "driver-3", 0.05)
+    time.sleep(0.1)
+    ledger.acquire_lease("a", "driver-4", 60)
+    assert ledger.get_run("a").lease_owner == "driver-4"
+    with pytest.raises(LedgerError, match="ttl"):
+        ledger.acquire_lease("a", "driver-4", 0)
+    with pytest.raises(RunNotFound):
+        ledger.release_lease("ghost", "driver-4")
+
+
+# -- opening, URLs, passwords -------------------------------------------------
+
+
+def test_reopen_sees_the_same_ledger(ledger: Ledger) -> None:
+    new_run(ledger, "a")
+    merge(ledger, "a", ledger.start_attempt("a", 0, 0, "w").id, 0)
+    with Ledger(ledger.url) as again:
+        assert again.head("a").number == 1
+        assert len(again.subtasks("a")) == 4
+
+
+def test_password_never_shown(db_url: str) -> None:
+    url = make_url(db_url)
+    if url.get_backend_name() == "postgresql":
+        # Trust auth ignores the password, so the ledger really opens with it.
+        secret_url = url.set(password="s3cr3t-pw").render_as_string(hide_password=False)
+        with Ledger(secret_url) as led:
+            assert led.url == secret_url  # for child processes; never displayed
+            for shown in (led.display_url, repr(led), str(led)):
+                assert "s3cr3t-pw" not in shown and "***" in shown
+            with pytest.raises(RunNotFound) as info:
+                led.get_run("ghost")
+            assert "s3cr3t-pw" not in str(info.value)
+    assert redact_url("postgresql+psycopg://u:s3cr3t-pw@db:5432/x") == (
+        "postgresql+psycopg://u:***@db:5432/x"
+    )
+    assert "s3cr3t-pw" not in redact_url("postgresql://u:s3cr3t-pw@db:5432/x?sslmode=require")
+    assert "s3cr3t-pw" not in redact_url("not a url s3cr3t-pw")
+
+
+def test_bad_urls_are_ledger_errors_without_the_password() -> None:
+    # Port 1 refuses at once; the message must still not leak the password.
+    with pytest.raises(LedgerError) as info:
+        Ledger("postgresql+psycopg://u:s3cr3t-pw@127.0.0.1:1/x?connect_timeout=2")
+    assert "s3cr3t-pw" not in str(info.value) and "u:***@127.0.0.1:1" in str(info.value)
+    with pytest.raises(LedgerError, match="unsupported"):
+        Ledger("mysql://u:s3cr3t-pw@h/db")
+    with pytest.raises(LedgerError, match="cannot parse") as info:
+        Ledger("::s3cr3t-pw::")
+    assert "s3cr3t-pw" not in str(info.value)
+
+
+def test_sqlite_ledger_settings(sqlite_url: str) -> None:
+    with Ledger(sqlite_url) as led:
+        led.create_run("a", "{}", "a/v0", "c0")
+        assert led.backend == "sqlite"
+        path = make_url(sqlite_url).database
+        assert path is not None
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        # foreign_keys is per connection: check one of the ledger's own.
+        with led._engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+            assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
