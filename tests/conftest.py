@@ -1,0 +1,39 @@
+"""Shared fixtures: real services (loopback S3 from moto, PostgreSQL) and Prefect."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.pgfixture import *  # noqa: F403  (pg_url, sqlite_url fixtures)
+from tests.s3fixture import *  # noqa: F403  (s3_endpoint, s3_bucket_url fixtures)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Prefect against a throwaway database for the whole session (one cold start)."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    os.environ["PREFECT_HOME"] = str(home)
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--runslow", action="store_true", help="also run tests marked slow")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # CI runs everything; a laptop runs the fast suite unless asked.
+    if config.getoption("--runslow") or os.environ.get("CI", "").lower() == "true":
+        return
+    skip = pytest.mark.skip(reason="slow: run with --runslow (CI runs it)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

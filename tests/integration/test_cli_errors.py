@@ -1,0 +1,92 @@
+"""Bad input gives one line naming the problem, exit code 2, and no ledger rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vcdl.cli import main
+
+GOOD = """
+[run]
+epochs = 1
+[data]
+name = "digits"
+shards = 2
+[model]
+factory = "cnn2d"
+"""
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    return int(info.value.code or 0), err
+
+
+def _no_runs(home: Path) -> bool:
+    db = home / "ledger.db"
+    if not db.exists():
+        return True
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        tables = {r[0] for r in conn.execute("select name from sqlite_master where type='table'")}
+        return "run" not in tables or conn.execute("select count(*) from run").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (GOOD + "bogus = 1\n", "model.bogus: unknown key"),
+        (
+            GOOD.replace("epochs = 1", "epochs = 'one'"),
+            "run.epochs: Input should be a valid integer",
+        ),
+        (GOOD.replace('name = "digits"', 'name = "nosuch"'), "data set 'nosuch' not found"),
+        (GOOD.replace('"cnn2d"', '"nosuch_pkg.models:net"'), "nosuch_pkg"),
+        (GOOD + "[merge]\nalpha = 1.5\n", "merge.alpha"),
+        (GOOD.replace("shards = 2", "shards = 0"), "data.shards"),
+        ("[run\nepochs=", "not valid TOML"),
+    ],
+    ids=[
+        "unknown-key",
+        "wrong-type",
+        "missing-data",
+        "unknown-model",
+        "alpha",
+        "zero-shards",
+        "toml",
+    ],
+)
+def test_bad_input_exit_2(
+    body: str, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(body)
+    home = tmp_path / "home"
+    code, err = _run(["train", str(cfg), "--home", str(home)], capsys)
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("vcdl: error: ") and needle in lines[0], lines[0]
+    assert _no_runs(home)
+
+
+def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _run(["train", str(tmp_path / "nope.toml"), "--home", str(tmp_path)], capsys)
+    assert code == 2 and "not found" in err
+
+
+def test_unknown_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _run(["status", "ghost", "--home", str(tmp_path)], capsys)
+    assert code == 2 and "no run 'ghost'" in err
+
+
+def test_bad_set_override(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(GOOD)
+    code, err = _run(["train", str(cfg), "--home", str(tmp_path), "--set", "lr=1"], capsys)
+    assert code == 2 and "section.key=value" in err

@@ -1,0 +1,95 @@
+"""A real run: the train flow on a LocalCluster, SQLite ledger, local Zarr store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from vcdl import api
+from vcdl.config import RunConfig, parse_config
+from vcdl.data import open_dataset, read_rows
+from vcdl.models import build_model
+from vcdl.report import audit_run
+from vcdl.runtime import open_store
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def small_config(name: str) -> RunConfig:
+    return parse_config(
+        {
+            "run": {"name": name, "epochs": 2, "seed": 1},
+            "data": {"name": "mnist1d", "samples": 4000, "shards": 4},
+            "model": {"factory": "cnn1d", "kwargs": {"width": 32}},
+            "train": {"lr": 1e-2, "batch_size": 100},
+            "cluster": {"workers": 2},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def trained(prefect_api: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    home = tmp_path_factory.mktemp("vcdl-home")
+    summary = api.train(small_config("it-run"), home=home)
+    return {"home": home, "summary": summary}
+
+
+def test_run_completes_with_history(trained: dict[str, Any]) -> None:
+    s = trained["summary"]
+    assert s["state"] == "completed"
+    assert s["epochs_completed"] == 2
+    assert s["head_version"] == 8  # 2 epochs x 4 shards, each merged once
+    assert [h["merged"] for h in s["history"]] == [4, 4]
+    assert all(h["test_accuracy"] is not None for h in s["history"])
+    assert s["test_accuracy"] > 0.3  # 4000 samples, 2 epochs: well above chance (0.1)
+    status = api.status("it-run", home=trained["home"])
+    assert status["head_version"] == 8 and status["test_accuracy"] == s["test_accuracy"]
+
+
+def test_audit_is_clean(trained: dict[str, Any]) -> None:
+    ref = api.run_ref("it-run", home=trained["home"])
+    assert audit_run(ref, deep=True) == []
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
+def test_export_loads_with_plain_torch(
+    trained: dict[str, Any], suffix: str, tmp_path: Path
+) -> None:
+    from vcdl.runs import export_version
+
+    ref = api.run_ref("it-run", home=trained["home"])
+    _, out = export_version(ref, tmp_path / f"model{suffix}")
+    if suffix == ".pt":
+        state = torch.load(out, weights_only=True)
+    else:
+        from safetensors.torch import load_file
+
+        state = load_file(str(out))
+    store = open_store(ref.store_url)
+    info = open_dataset(store, "mnist1d")
+    model = build_model(
+        "cnn1d", {"width": 32}, input_shape=info.input_shape, num_classes=info.num_classes
+    )
+    model.load_state_dict(state)
+    model.eval()
+    x, y = read_rows(store, "mnist1d", "test")
+    with torch.no_grad():
+        acc = (model(torch.from_numpy(x)).argmax(1) == torch.from_numpy(y)).float().mean().item()
+    assert acc == pytest.approx(trained["summary"]["test_accuracy"], abs=1e-6)
+
+
+def test_second_run_resumes_without_retraining(trained: dict[str, Any]) -> None:
+    before = api.status("it-run", home=trained["home"])
+    again = api.train(small_config("it-run"), home=trained["home"])
+    assert again["head_version"] == before["head_version"]
+    assert again["attempts"] == before["attempts"]
+
+
+def test_resume_extends_epochs(trained: dict[str, Any]) -> None:
+    cfg = small_config("it-run").updated(run={"epochs": 3})
+    out = api.train(cfg, home=trained["home"])
+    assert out["epochs_completed"] == 3 and out["head_version"] == 12
+    assert audit_run(api.run_ref("it-run", home=trained["home"])) == []

@@ -1,0 +1,214 @@
+"""The assimilator: folds one finished attempt's result into the run's head.
+
+This module owns the merge side of the hot path (DESIGN.md §1-2): read the
+result, validate it, pick α (schedule × staleness policy), compute the new
+weights with the pure functions of :mod:`vcdl.merge`, write them as a new
+immutable version group, and move the head by compare-and-swap in the ledger.
+
+Crash safety comes from the order: the version group is written completely
+before the ledger points at it, and its path carries the attempt id, so a
+merger that loses the CAS race (or dies) leaves an orphan group the ledger
+never names — never a torn head. Exactly-once comes from the ledger's unique
+(run, subtask) constraint on versions, not from this module's care.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from vcdl.config import RunConfig
+from vcdl.errors import AlreadyMerged, HeadConflict, IntegrityError, StoreNotFoundError
+from vcdl.ledger import Attempt, Version
+from vcdl.merge import scale_result, staleness_alpha, validate_result, vc_asgd
+from vcdl.runtime import RunRef, version_path
+from vcdl.schedules import alpha_schedule
+from vcdl.types import StateDict
+
+MergeKind = Literal["merged", "duplicate", "rejected", "skipped"]
+MERGEABLE_ATTEMPT_STATES = frozenset({"finished", "interrupted"})
+
+
+@dataclass
+class MergeOutcome:
+    """What happened to one result."""
+
+    attempt_id: str
+    kind: MergeKind
+    version: int | None = None
+    alpha: float | None = None
+    staleness: int | None = None
+    reason: str | None = None
+    retries: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class HeadCache:
+    """The newest head's weights, kept by the process that merges.
+
+    The driver merges every result of a run, so re-reading the version it has
+    just written would double the store traffic of the hot path.
+    """
+
+    def __init__(self) -> None:
+        self.number: int | None = None
+        self.state: StateDict | None = None
+
+    def get(self, version: Version, load: Callable[[str], StateDict]) -> StateDict:
+        if self.number == version.number and self.state is not None:
+            return self.state
+        state = load(version.uri)
+        self.put(version.number, state)
+        return state
+
+    def put(self, number: int, state: StateDict) -> None:
+        self.number, self.state = number, state
+
+
+def merge_alpha(cfg: RunConfig, epoch: int, staleness: int, merged_in_epoch: int) -> float | None:
+    """α for one merge; None means the staleness policy rejects the result.
+
+    For the ``average`` rule the k-th result of an epoch (0-based) gets
+    α = k/(k+1): a running mean, so after all S shards the head is their
+    plain average (every shard started from the same version).
+    """
+    m = cfg.merge
+    if m.rule == "average":
+        return merged_in_epoch / (merged_in_epoch + 1)
+    alpha = alpha_schedule(
+        m.schedule, epoch, cfg.run.epochs, m.alpha, alpha_end=m.alpha_end, alphas=m.alphas
+    )
+    return staleness_alpha(
+        alpha, staleness, m.staleness, power=m.staleness_power, max_staleness=m.max_staleness
+    )
+
+
+def _reject(ref: RunRef, attempt: Attempt, reason: str, timings: dict[str, float]) -> MergeOutcome:
+    ref.ledger().finish_attempt(
+        attempt.id,
+        state="rejected",
+        result_uri=attempt.result_uri,
+        samples=attempt.samples,
+        loss=attempt.loss,
+        train_seconds=attempt.train_seconds,
+        reason=reason,
+    )
+    return MergeOutcome(attempt.id, "rejected", reason=reason, timings=timings)
+
+
+def merge_attempt(
+    ref: RunRef,
+    attempt_id: str,
+    cfg: RunConfig,
+    cache: HeadCache | None = None,
+    max_retries: int = 1000,
+) -> MergeOutcome:
+    """Merge one attempt's result into the head, at most once."""
+    ledger, store = ref.ledger(), ref.store()
+    cache = cache if cache is not None else HeadCache()
+    timings: dict[str, float] = {}
+    attempt = ledger.get_attempt(attempt_id)
+    if attempt.state not in MERGEABLE_ATTEMPT_STATES or attempt.result_uri is None:
+        return MergeOutcome(attempt_id, "skipped", reason=f"attempt is {attempt.state}")
+
+    t = time.perf_counter()
+    try:
+        result = store.read_state(attempt.result_uri)
+    except (IntegrityError, StoreNotFoundError) as exc:
+        return _reject(ref, attempt, f"result unreadable: {exc}", timings)
+    timings["read_result"] = time.perf_counter() - t
+
+    for retry in range(max_retries):
+        t = time.perf_counter()
+        head_row = ledger.head(ref.run)
+        head = cache.get(head_row, store.read_state)
+        timings["read_head"] = timings.get("read_head", 0.0) + time.perf_counter() - t
+
+        reason = validate_result(head, result, cfg.merge.max_update_norm)
+        if reason is not None:
+            return _reject(ref, attempt, reason, timings)
+        staleness = head_row.number - attempt.base_version
+        merged_in_epoch = sum(
+            1 for s in ledger.subtasks(ref.run, attempt.epoch) if s.state == "merged"
+        )
+        alpha = merge_alpha(cfg, attempt.epoch, staleness, merged_in_epoch)
+        if alpha is None:
+            return _reject(
+                ref, attempt, f"stale: staleness {staleness} > {cfg.merge.max_staleness}", timings
+            )
+        candidate = result
+        if attempt.state == "interrupted" and attempt.samples is not None:
+            # A partial result counts in proportion to the samples it saw.
+            planned = max(1, _planned_samples(ref, attempt))
+            candidate = scale_result(head, result, min(1.0, attempt.samples / planned))
+
+        t = time.perf_counter()
+        new = vc_asgd(head, candidate, alpha)
+        timings["merge"] = timings.get("merge", 0.0) + time.perf_counter() - t
+
+        t = time.perf_counter()
+        number = head_row.number + 1
+        path = version_path(ref.run, number, attempt.id[:12])
+        store.write_state(
+            path,
+            new,
+            attrs={
+                "run": ref.run,
+                "number": number,
+                "parent": head_row.number,
+                "attempt": attempt.id,
+                "epoch": attempt.epoch,
+                "shard": attempt.shard,
+                "alpha": alpha,
+                "staleness": staleness,
+            },
+        )
+        checksum = store.checksum(path)
+        timings["write_version"] = timings.get("write_version", 0.0) + time.perf_counter() - t
+
+        t = time.perf_counter()
+        try:
+            version = ledger.commit_merge(
+                ref.run,
+                attempt.id,
+                expected_head=head_row.number,
+                uri=path,
+                checksum=checksum,
+                alpha=alpha,
+                staleness=staleness,
+            )
+        except HeadConflict:
+            # Another merger moved the head first: our group is an orphan.
+            store.delete(path)
+            continue
+        except AlreadyMerged:
+            store.delete(path)
+            store.delete(attempt.result_uri)
+            return MergeOutcome(
+                attempt.id, "duplicate", reason="subtask already merged", timings=timings
+            )
+        finally:
+            timings["ledger"] = timings.get("ledger", 0.0) + time.perf_counter() - t
+        cache.put(version.number, new)
+        # The result is folded into the version now; keep the store lean.
+        store.delete(attempt.result_uri)
+        return MergeOutcome(
+            attempt.id,
+            "merged",
+            version=version.number,
+            alpha=alpha,
+            staleness=staleness,
+            retries=retry,
+            timings=timings,
+        )
+    raise HeadConflict(f"gave up merging attempt {attempt_id} after {max_retries} CAS conflicts")
+
+
+def _planned_samples(ref: RunRef, attempt: Attempt) -> int:
+    attrs = ref.store().read_attrs(attempt.result_uri or "")
+    return int(attrs.get("planned_samples") or attempt.samples or 1)

@@ -1,0 +1,317 @@
+"""The ``vcdl`` command line: parses, calls the library or a flow, prints. No logic.
+
+Exit codes: 0 success, 1 failure at run time (or audit violations), 2 bad
+input (config, data set, model, unknown run), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, NoReturn, TextIO
+
+from vcdl.config import resolve_home
+from vcdl.errors import VcdlError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"vcdl: error: {message}\n")
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    print(f"vcdl: error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--home", help="state directory (default: $VCDL_HOME or ./.vcdl)", default=None
+    )
+    common.add_argument(
+        "--ledger", help="ledger URL for existing runs (default: sqlite under --home)"
+    )
+    p = _Parser(prog="vcdl", description="VC-ASGD training on preemptible machines.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    t = sub.add_parser("train", parents=[common], help="train (or resume) a run from a TOML config")
+    t.add_argument("config", help="run config (TOML), e.g. examples/mnist1d.toml")
+    t.add_argument("--run", help="run name (default: run.name, else the file name)")
+    t.add_argument("--workers", type=int, help="LocalCluster worker processes")
+    t.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value (repeatable), e.g. --set train.lr=0.01",
+    )
+    t.add_argument("-v", "--verbose", action="store_true", help="show Prefect's own logs")
+    t.add_argument("--json", action="store_true", help="print the final summary as JSON")
+
+    r = sub.add_parser("resume", parents=[common], help="continue a run from the ledger's state")
+    r.add_argument("run")
+    r.add_argument("--workers", type=int)
+    r.add_argument("-v", "--verbose", action="store_true")
+    r.add_argument("--json", action="store_true")
+
+    sub.add_parser("runs", parents=[common], help="list runs")
+
+    s = sub.add_parser("status", parents=[common], help="a run's state and history")
+    s.add_argument("run")
+    s.add_argument("--json", action="store_true")
+
+    a = sub.add_parser(
+        "audit", parents=[common], help="check a run's invariants (exit 1 if any fail)"
+    )
+    a.add_argument("run")
+    a.add_argument("--deep", action="store_true", help="verify every version's checksums")
+
+    e = sub.add_parser("export", parents=[common], help="write a version as .safetensors or .pt")
+    e.add_argument("run")
+    e.add_argument("--version", type=int, help="version number (default: head)")
+    e.add_argument("--out", required=True, help="output file (.safetensors or .pt)")
+
+    ev = sub.add_parser("evaluate", parents=[common], help="evaluate a version on a data set")
+    ev.add_argument("run")
+    ev.add_argument("--version", type=int)
+    ev.add_argument("--data", help="data set name (default: the run's)")
+    ev.add_argument("--split", default="test", choices=["train", "test"])
+
+    d = sub.add_parser("data", help="data sets in the store")
+    dsub = d.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    store_opt = _Parser(add_help=False, parents=[common])
+    store_opt.add_argument("--store", help="store URL (default: <home>/store)")
+    mk = dsub.add_parser("make", parents=[store_opt], help="generate a built-in data set")
+    mk.add_argument("kind", choices=["digits", "mnist1d"])
+    mk.add_argument("--name", help="data set name (default: the kind)")
+    mk.add_argument("--samples", type=int, default=40_000, help="mnist1d samples")
+    im = dsub.add_parser("import", parents=[store_opt], help="import x_train,y_train,x_test,y_test")
+    im.add_argument("file", help=".npz file")
+    im.add_argument("--name", required=True)
+    dsub.add_parser("list", parents=[store_opt], help="list data sets")
+    return p
+
+
+class Progress:
+    """Polls the ledger and prints the run's progress whenever it changes."""
+
+    def __init__(self, ledger_url: str, run: str, epochs: int, out: TextIO = sys.stderr) -> None:
+        self.ledger_url, self.run, self.epochs, self.out = ledger_url, run, epochs, out
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="vcdl-progress", daemon=True)
+        self._last = ""
+        self._tty = out.isatty()
+        self._start = time.monotonic()
+
+    def __enter__(self) -> Progress:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        if self._tty and self._last:
+            self.out.write("\n")
+
+    def line(self) -> str | None:
+        from vcdl.runtime import open_ledger
+
+        ledger = open_ledger(self.ledger_url)
+        run = ledger.find_run(self.run)
+        if run is None:
+            return None
+        epoch = min(run.epochs_completed, self.epochs - 1)
+        subs = ledger.subtasks(self.run, epoch)
+        done = sum(1 for s in subs if s.state in ("merged", "dropped", "failed"))
+        evals = [e for e in ledger.evaluations(self.run) if e.split == "test"]
+        acc = f"{evals[-1].accuracy:.4f} (epoch {evals[-1].epoch})" if evals else "-"
+        return (
+            f"epoch {epoch + 1}/{self.epochs} · shards {done}/{len(subs) or '?'} · "
+            f"head v{run.head_version} · test acc {acc}"
+        )
+
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                text = self.line()
+            except Exception:  # a busy or half-created ledger: try again next tick
+                continue
+            if text and text != self._last:
+                self._last = text
+                stamp = f"[{time.monotonic() - self._start:6.1f}s] "
+                if self._tty:
+                    self.out.write("\r\033[K" + stamp + text)
+                else:
+                    self.out.write(stamp + text + "\n")
+                self.out.flush()
+
+
+def _quiet_prefect(verbose: bool) -> None:
+    """Prefect logs every task run at INFO; the progress line says what matters."""
+    if verbose:
+        return
+    # Prefect's logging config attaches its console handler to its own loggers
+    # and to dask's ("extra loggers"); quiet them all, keep the API handlers.
+    loggers = [logging.getLogger(n) for n in list(logging.root.manager.loggerDict)]
+    for logger in [logging.root, *loggers]:
+        for handler in getattr(logger, "handlers", []):
+            if type(handler).__name__ == "PrefectConsoleHandler":
+                handler.setLevel(logging.WARNING)
+
+
+def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(summary, indent=2, default=str))
+        return
+    acc = summary.get("test_accuracy")
+    acc_text = f"{acc:.4f}" if acc is not None else "-"
+    print(
+        f"run {summary['run']}: {summary['state']}, {summary['epochs_completed']}/"
+        f"{summary['epochs']} epochs, head v{summary['head_version']}, test accuracy {acc_text}"
+    )
+    head = ("epoch", "merged", "attempts", "version", "staleness", "accuracy")
+    print(" ".join(f"{h:>{w}}" for h, w in zip(head, (5, 8, 8, 7, 9, 8), strict=True)))
+    for h in summary["history"]:
+        stale = f"{h['mean_staleness']:.2f}" if h["mean_staleness"] is not None else "-"
+        acc_e = f"{h['test_accuracy']:.4f}" if h["test_accuracy"] is not None else "-"
+        version = f"v{h['version']}" if h["version"] is not None else "-"
+        print(
+            f"{h['epoch']:>5} {h['merged']:>4}/{h['subtasks']:<3} {h['attempts']:>8} "
+            f"{version:>7} {stale:>9} {acc_e:>8}"
+        )
+    attempts = summary.get("attempts", {})
+    print("attempts: " + ", ".join(f"{k} {v}" for k, v in attempts.items()))
+
+
+def _train(args: argparse.Namespace) -> int:
+    from vcdl import api
+    from vcdl.config import RunConfig, load_config
+
+    home = resolve_home(args.home)
+    if args.command == "resume":
+        ledger = api._ledger(args.home, args.ledger)
+        cfg = RunConfig.model_validate_json(ledger.get_run(args.run).config)
+    else:
+        cfg = load_config(args.config, args.overrides)
+        if args.run:
+            cfg = cfg.updated(run={"name": args.run})
+    if args.workers:
+        cfg = cfg.updated(cluster={"workers": args.workers})
+    cfg = cfg.with_locations(home)
+    api.preflight(cfg)
+    api.prepare_prefect(home)
+    import prefect  # noqa: F401  (sets up Prefect's logging, which we then tame)
+
+    _quiet_prefect(args.verbose)
+    assert cfg.run.name is not None and cfg.ledger.url is not None
+    where = cfg.cluster.address or f"{cfg.cluster.workers} local workers"
+    print(
+        f"vcdl: run {cfg.run.name}: {cfg.run.epochs} epochs × {cfg.data.shards} shards of "
+        f"'{cfg.data.name}', model {cfg.model.factory}, on {where}; state in {home}",
+        file=sys.stderr,
+    )
+    with Progress(cfg.ledger.url, cfg.run.name, cfg.run.epochs):
+        summary = api.train(cfg, home=home)
+    _print_summary(summary, args.json)
+    return 0 if summary["state"] == "completed" else 1
+
+
+def _data(args: argparse.Namespace) -> int:
+    from vcdl import data
+    from vcdl.runtime import open_store
+
+    store = open_store(args.store or str(resolve_home(args.home) / "store"))
+    if args.data_command == "make":
+        name = args.name or args.kind
+        if args.kind == "digits":
+            info = data.make_digits(store, name=name)
+        else:
+            info = data.make_mnist1d(store, name=name, samples=args.samples)
+    elif args.data_command == "import":
+        info = data.import_npz(store, args.file, args.name)
+    else:
+        for d in data.list_datasets(store):
+            print(
+                f"{d.name:20} train {d.n_train:>8} test {d.n_test:>7} input {d.input_shape} "
+                f"classes {d.num_classes} ({d.source})"
+            )
+        return 0
+    print(
+        f"data set {info.name}: {info.n_train} train / {info.n_test} test rows, input "
+        f"{info.input_shape}, {info.num_classes} classes, in {store.uri('datasets/' + info.name)}"
+    )
+    return 0
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from vcdl import api
+
+    if args.command in ("train", "resume"):
+        return _train(args)
+    if args.command == "data":
+        return _data(args)
+    if args.command == "runs":
+        runs = api._ledger(args.home, args.ledger).list_runs()
+        if not runs:
+            print("no runs yet: `vcdl train CONFIG` starts one")
+        for r in runs:
+            print(
+                f"{r.name:30} {r.state:10} epochs {r.epochs_completed:>4} head v{r.head_version:<6} "
+                f"{r.updated_at:%Y-%m-%d %H:%M}"
+            )
+        return 0
+    if args.command == "status":
+        _print_summary(api.status(args.run, args.home, args.ledger), args.json)
+        return 0
+    ref = api.run_ref(args.run, args.home, args.ledger)
+    if args.command == "audit":
+        from vcdl.report import audit_run
+
+        problems = audit_run(ref, deep=args.deep)
+        for p in problems:
+            print(f"VIOLATION: {p}")
+        if problems:
+            print(f"audit of {args.run}: {len(problems)} violation(s)", file=sys.stderr)
+            return 1
+        print(f"audit of {args.run}: ok")
+        return 0
+    if args.command == "export":
+        from vcdl.runs import export_version
+
+        number, out = export_version(ref, args.out, args.version)
+        print(f"exported {args.run} v{number} to {out}")
+        return 0
+    if args.command == "evaluate":
+        from vcdl.runs import evaluate_version
+
+        cfg = ref.config()
+        ev = evaluate_version(ref, cfg, args.version, split=args.split, dataset=args.data)
+        print(
+            f"{args.run} v{ev.version} on {args.data or cfg.data.name}:{args.split}: "
+            f"accuracy {ev.accuracy:.4f}, loss {ev.loss:.4f} ({ev.samples} samples)"
+        )
+        return 0
+    raise AssertionError(args.command)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        code = _dispatch(args)
+    except VcdlError as exc:
+        _fail(str(exc), exc.exit_code)
+    except KeyboardInterrupt:
+        _fail("interrupted; `vcdl resume RUN` continues from the ledger", 130)
+    raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,286 @@
+"""The run configuration: one frozen, validated model, loaded from TOML.
+
+This module owns the schema of a run (sections run, data, model, train, merge,
+cluster, store, ledger, fault), its defaults, validation and the one-line
+error messages for bad input. The same :class:`RunConfig` is the Prefect
+``train`` flow's parameter schema, so the Prefect UI renders a form from the
+field descriptions below.
+
+Locations (``store.url``, ``ledger.url``) may be left empty: they then resolve
+under the vcdl home directory (``--home``, ``$VCDL_HOME`` or ``./.vcdl``),
+see :func:`resolve_home` and :meth:`RunConfig.with_locations`.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from vcdl.errors import ConfigError
+
+HOME_ENV = "VCDL_HOME"
+DEFAULT_HOME = ".vcdl"
+
+
+class _Section(BaseModel):
+    # extra="forbid": a misspelt key must fail loudly, not be ignored.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RunSection(_Section):
+    name: str | None = Field(
+        None,
+        description="Run name in the ledger; empty = derived from the config file name.",
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        max_length=100,
+    )
+    seed: int = Field(0, ge=0, description="Seed for model init, shard plans and training.")
+    epochs: int = Field(5, ge=1, le=100_000, description="Epochs to train.")
+
+
+class DataSection(_Section):
+    name: str = Field(
+        "mnist1d",
+        description="Data set in the store (see `vcdl data list`). The built-in sets "
+        "'digits' and 'mnist1d' are generated on first use.",
+        pattern=r"^[A-Za-z0-9_.-]+$",
+    )
+    shards: int = Field(8, ge=1, le=100_000, description="Shards (subtasks) per epoch.")
+    samples: int | None = Field(
+        None, ge=100, description="Samples to generate for a built-in generated set (mnist1d)."
+    )
+    eval_batch_size: int = Field(1000, ge=1, description="Batch size for evaluation.")
+
+
+class ModelSection(_Section):
+    factory: str = Field(
+        "cnn1d",
+        description="Built-in model (mlp, cnn1d, cnn2d, resnet) or 'package.module:function'.",
+        min_length=1,
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for the factory."
+    )
+
+
+class TrainSection(_Section):
+    local_epochs: int = Field(1, ge=1, le=1000, description="Passes over its shard per attempt.")
+    batch_size: int = Field(100, ge=1, description="Mini-batch size.")
+    optimizer: Literal["sgd", "adam", "adamw"] = Field(
+        "adam", description="Local optimizer, fresh for every attempt."
+    )
+    lr: float = Field(3e-3, gt=0, le=10, description="Learning rate of the local optimizer.")
+    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum.")
+    weight_decay: float = Field(0.0, ge=0, description="Weight decay.")
+    threads: int = Field(1, ge=1, le=256, description="torch threads per attempt.")
+
+
+class MergeSection(_Section):
+    rule: Literal["vc_asgd", "average"] = Field(
+        "vc_asgd",
+        description="vc_asgd: W <- a*W + (1-a)*W_worker as results arrive. average: every "
+        "shard of an epoch starts from the epoch's first version and the epoch's results "
+        "are averaged (synchronous baseline).",
+    )
+    alpha: float = Field(0.5, ge=0, le=1, description="VC-ASGD alpha (weight of the head).")
+    schedule: Literal["constant", "linear", "cosine", "list"] = Field(
+        "constant", description="How alpha changes with the epoch."
+    )
+    alpha_end: float | None = Field(
+        None, ge=0, le=1, description="Final alpha for linear/cosine schedules."
+    )
+    alphas: list[float] | None = Field(
+        None, description="Alpha per epoch for the 'list' schedule (last value repeats)."
+    )
+    staleness: Literal["plain", "raise", "reject"] = Field(
+        "plain",
+        description="plain: ignore staleness; raise: alpha_eff = 1-(1-alpha)/(1+s)^p; "
+        "reject: drop results staler than max_staleness.",
+    )
+    staleness_power: float = Field(1.0, ge=0, description="p in the 'raise' policy.")
+    max_staleness: int | None = Field(None, ge=0, description="Reject results staler than this.")
+    max_update_norm: float | None = Field(
+        None, gt=0, description="Reject results whose L2 distance from their base exceeds this."
+    )
+
+    @model_validator(mode="after")
+    def _check_schedule(self) -> MergeSection:
+        if self.schedule in ("linear", "cosine") and self.alpha_end is None:
+            raise ValueError(f"merge.alpha_end is required for the {self.schedule} schedule")
+        if self.schedule == "list" and not self.alphas:
+            raise ValueError("merge.alphas must list at least one alpha for the list schedule")
+        for a in self.alphas or []:
+            if not 0.0 <= a <= 1.0:
+                raise ValueError(f"merge.alphas: {a} is outside [0, 1]")
+        if self.staleness == "reject" and self.max_staleness is None:
+            raise ValueError("merge.max_staleness is required for the reject staleness policy")
+        return self
+
+
+class ClusterSection(_Section):
+    address: str | None = Field(
+        None,
+        description="Existing Dask scheduler (tcp://host:8786); empty = start a LocalCluster.",
+    )
+    workers: int = Field(2, ge=1, le=1024, description="LocalCluster worker processes.")
+    threads_per_worker: int = Field(1, ge=1, le=256, description="Dask threads per worker.")
+    memory_limit: str = Field("4GiB", description="Memory limit per LocalCluster worker.")
+
+
+class StoreSection(_Section):
+    url: str | None = Field(
+        None, description="Weight store: a directory or s3://bucket/prefix; empty = <home>/store."
+    )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="fsspec options (e.g. endpoint_url); credentials come from the AWS chain.",
+    )
+
+
+class LedgerSection(_Section):
+    url: str | None = Field(
+        None,
+        description="SQLAlchemy URL (sqlite:///…, postgresql+psycopg://…); "
+        "empty = sqlite under <home>.",
+    )
+
+
+class FaultSection(_Section):
+    max_attempts: int = Field(
+        4, ge=1, le=100, description="Attempts per subtask before it is recorded as failed."
+    )
+    attempt_timeout: float = Field(
+        900.0, gt=0, description="Seconds after which a running attempt is presumed dead."
+    )
+
+
+class RunConfig(_Section):
+    """Everything that defines a training run."""
+
+    run: RunSection = Field(default_factory=RunSection)
+    data: DataSection = Field(default_factory=DataSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    merge: MergeSection = Field(default_factory=MergeSection)
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
+    store: StoreSection = Field(default_factory=StoreSection)
+    ledger: LedgerSection = Field(default_factory=LedgerSection)
+    fault: FaultSection = Field(default_factory=FaultSection)
+
+    def with_locations(self, home: str | Path) -> RunConfig:
+        """Fill empty store/ledger URLs with the defaults under ``home``."""
+        home = Path(home).resolve()
+        store = self.store
+        ledger = self.ledger
+        if not store.url:
+            store = store.model_copy(update={"url": str(home / "store")})
+        if not ledger.url:
+            ledger = ledger.model_copy(update={"url": f"sqlite:///{home / 'ledger.db'}"})
+        return self.model_copy(update={"store": store, "ledger": ledger})
+
+    def updated(self, **sections: Mapping[str, Any]) -> RunConfig:
+        """A validated copy with some keys of some sections replaced."""
+        data = self.model_dump()
+        for section, values in sections.items():
+            data.setdefault(section, {}).update(values)
+        return parse_config(data)
+
+
+def resolve_home(home: str | Path | None = None) -> Path:
+    """The state directory: the option, else ``$VCDL_HOME``, else ``./.vcdl``."""
+    if home is None:
+        home = os.environ.get(HOME_ENV) or DEFAULT_HOME
+    return Path(home).expanduser().resolve()
+
+
+def _format_error(exc: ValidationError) -> str:
+    """One line per problem, naming the key and what is allowed."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"] if not isinstance(p, int)) or "config"
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            section_key = loc.rsplit(".", 1)
+            allowed = _allowed_keys(section_key[0] if len(section_key) == 2 else "")
+            parts.append(f"{loc}: unknown key (allowed: {', '.join(allowed)})")
+            continue
+        msg = err["msg"].removeprefix("Value error, ")
+        got = err.get("input")
+        if kind not in ("missing",) and not isinstance(got, dict):
+            msg = f"{msg} (got {got!r})"
+        parts.append(f"{loc}: {msg}" if not msg.startswith(loc) else msg)
+    return "; ".join(parts)
+
+
+def _allowed_keys(section: str) -> list[str]:
+    if not section:
+        return list(RunConfig.model_fields)
+    field = RunConfig.model_fields.get(section)
+    model = field.annotation if field is not None else None
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return list(model.model_fields)
+    return list(RunConfig.model_fields)
+
+
+def parse_config(data: Mapping[str, Any]) -> RunConfig:
+    """Validate a mapping (as read from TOML) into a :class:`RunConfig`."""
+    try:
+        return RunConfig.model_validate(dict(data))
+    except ValidationError as exc:
+        raise ConfigError(f"invalid config: {_format_error(exc)}") from None
+
+
+def _parse_value(text: str) -> Any:
+    """A ``--set`` value as TOML (numbers, booleans, arrays, quoted strings), else a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``section.key=value`` overrides to raw config data (before validation)."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        path = key.strip().split(".")
+        if not sep or len(path) < 2 or not all(path):
+            raise ConfigError(f"bad --set {item!r}: expected section.key=value, e.g. train.lr=0.01")
+        node = out
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"bad --set {item!r}: {part} is not a section")
+            node = child
+        node[path[-1]] = _parse_value(value.strip())
+    return out
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file, turning every failure into a one-line ConfigError."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """Load, override and validate a run config; the run name defaults to the file's stem."""
+    data = apply_overrides(read_toml(path), overrides)
+    cfg = parse_config(data)
+    if cfg.run.name is None:
+        stem = "".join(c if c.isalnum() or c in "_.-" else "-" for c in Path(path).stem)
+        cfg = cfg.updated(run={"name": stem or "run"})
+    return cfg

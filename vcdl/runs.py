@@ -1,0 +1,159 @@
+"""Runs: create or resume one, evaluate a version, export weights.
+
+This module owns the life of a run outside the epoch loop. Creating a run
+validates everything first (data set, model factory) and only then writes
+v0 and the ledger rows, so bad input leaves the ledger untouched. Resuming
+checks that the new config does not change what the run *is* (data, model,
+training and merge settings) and may extend the number of epochs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vcdl.config import RunConfig
+from vcdl.data import DatasetInfo, make_digits, make_mnist1d, open_dataset, read_rows
+from vcdl.errors import ConfigError, DataError
+from vcdl.ledger import Evaluation, Run
+from vcdl.models import build_model
+from vcdl.runtime import RunRef, version_path, versions_prefix
+from vcdl.store import WeightStore
+from vcdl.train import evaluate, snapshot
+
+# Sections that define what a run computes: a resumed run must keep them.
+_IDENTITY_SECTIONS = ("data", "model", "train", "merge")
+
+
+def ensure_dataset(store: WeightStore, cfg: RunConfig) -> DatasetInfo:
+    """Open the run's data set, generating the built-in ones on first use."""
+    name = cfg.data.name
+    try:
+        return open_dataset(store, name)
+    except DataError:
+        if name == "digits":
+            return make_digits(store, name=name)
+        if name == "mnist1d":
+            return make_mnist1d(store, name=name, samples=cfg.data.samples or 40_000)
+        raise
+
+
+def new_model(cfg: RunConfig, info: DatasetInfo) -> nn.Module:
+    """The run's model, initialized from the run's seed."""
+    torch.manual_seed(cfg.run.seed)
+    return build_model(
+        cfg.model.factory,
+        cfg.model.kwargs,
+        input_shape=info.input_shape,
+        num_classes=info.num_classes,
+    )
+
+
+def _differences(old: RunConfig, new: RunConfig) -> list[str]:
+    out = []
+    a, b = old.model_dump(), new.model_dump()
+    for section in _IDENTITY_SECTIONS:
+        for key in sorted(set(a[section]) | set(b[section])):
+            if section == "data" and key == "eval_batch_size":
+                continue
+            if a[section].get(key) != b[section].get(key):
+                out.append(f"{section}.{key}: {a[section].get(key)!r} -> {b[section].get(key)!r}")
+    if old.run.seed != new.run.seed:
+        out.append(f"run.seed: {old.run.seed} -> {new.run.seed}")
+    return out
+
+
+def prepare_run(cfg: RunConfig) -> tuple[RunRef, Run, bool]:
+    """Create the run described by ``cfg``, or find it to resume.
+
+    Returns the reference, the ledger row and whether it was resumed.
+    """
+    ref = RunRef.from_config(cfg)
+    store = ref.store()
+    info = ensure_dataset(store, cfg)
+    model = new_model(cfg, info)  # fails here, before any ledger write, on a bad factory
+    ledger = ref.ledger()
+    existing = ledger.find_run(ref.run)
+    if existing is not None:
+        stored = RunConfig.model_validate_json(existing.config)
+        diff = _differences(stored, cfg)
+        if diff:
+            raise ConfigError(
+                f"run '{ref.run}' exists with different settings ({'; '.join(diff)}); "
+                "resume it with its own config or start a new run with --run NEW_NAME"
+            )
+        if stored != cfg:
+            existing = ledger.update_run(ref.run, config=cfg.model_dump_json())
+        return ref, existing, True
+    path = version_path(ref.run, 0, "init")
+    store.write_state(path, snapshot(model), attrs={"run": ref.run, "number": 0})
+    run = ledger.create_run(ref.run, cfg.model_dump_json(), path, store.checksum(path))
+    return ref, run, False
+
+
+def clean_orphans(ref: RunRef) -> list[str]:
+    """Delete version groups the ledger does not name (left by a crash or a lost CAS)."""
+    store, ledger = ref.store(), ref.ledger()
+    known = {v.uri.rsplit("/", 1)[-1] for v in ledger.versions(ref.run)}
+    removed = []
+    for name in store.list(versions_prefix(ref.run)):
+        if name not in known:
+            store.delete(f"{versions_prefix(ref.run)}/{name}")
+            removed.append(name)
+    return removed
+
+
+def load_version(ref: RunRef, number: int | None = None) -> tuple[int, dict[str, torch.Tensor]]:
+    """A version's weights (default: the head), checksums verified."""
+    ledger = ref.ledger()
+    row = ledger.head(ref.run) if number is None else ledger.get_version(ref.run, number)
+    return row.number, ref.store().read_state(row.uri)
+
+
+def evaluate_version(
+    ref: RunRef,
+    cfg: RunConfig,
+    number: int | None = None,
+    epoch: int | None = None,
+    split: str = "test",
+    dataset: str | None = None,
+) -> Evaluation:
+    """Evaluate a version on a split of a data set and record it in the ledger."""
+    store = ref.store()
+    name = dataset or cfg.data.name
+    info = open_dataset(store, name)
+    number, state = load_version(ref, number)
+    x, y = read_rows(store, name, split)
+    model = new_model(cfg, info)
+    accuracy, loss = evaluate(model, state, x, y, cfg.data.eval_batch_size)
+    return ref.ledger().record_evaluation(
+        ref.run,
+        number,
+        epoch,
+        split if dataset is None else f"{name}:{split}",
+        accuracy,
+        loss,
+        len(y),
+    )
+
+
+def export_version(ref: RunRef, out: str | Path, number: int | None = None) -> tuple[int, Path]:
+    """Write a version as ``.safetensors`` or a plain ``.pt`` state dict."""
+    out = Path(out)
+    if out.suffix not in (".safetensors", ".pt"):
+        raise ConfigError(f"cannot export to {out}: use a .safetensors or .pt file name")
+    number, state = load_version(ref, number)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.contiguous() for k, v in state.items()}
+    if out.suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        meta: dict[str, Any] = {"run": ref.run, "version": str(number), "format": "pt"}
+        save_file(tensors, str(out), metadata=meta)
+    else:
+        # A plain dict of tensors: loads with torch.load(weights_only=True).
+        torch.save(tensors, out)
+    return number, out
