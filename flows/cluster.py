@@ -45,6 +45,7 @@ def worker_env(cfg: RunConfig) -> dict[str, str]:
 def dask_cluster(cfg: RunConfig) -> Iterator[str]:
     """Yield a scheduler address: the configured one, or a LocalCluster's."""
     if cfg.cluster.address:
+        register_worker_plugins(cfg.cluster.address)
         yield cfg.cluster.address
         return
     from distributed import LocalCluster
@@ -63,4 +64,15 @@ def dask_cluster(cfg: RunConfig) -> Iterator[str]:
         log.info(
             "LocalCluster with %d workers at %s", cfg.cluster.workers, cluster.scheduler_address
         )
+        register_worker_plugins(cluster.scheduler_address)
         yield cluster.scheduler_address
+
+
+def register_worker_plugins(address: str) -> None:
+    """Install vcdl's worker plugins; the scheduler re-applies them to workers that join later."""
+    from distributed import Client
+
+    from vcdl.preemption import PreemptionPlugin
+
+    with Client(address, timeout=60) as client:
+        client.register_plugin(PreemptionPlugin())

@@ -17,7 +17,7 @@ returns the same summary ``vcdl status RUN --json`` prints.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,15 +78,23 @@ def train(
     workers: int | None = None,
     overrides: Sequence[str] = (),
     home: str | Path | None = None,
+    chaos: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Train (or resume) a run and return its summary (see :func:`status`)."""
+    """Train (or resume) a run and return its summary (see :func:`status`).
+
+    ``chaos`` turns on the preemption simulator for this run, e.g.
+    ``{"rate": 0.2, "notice_fraction": 0.25, "grace": 2, "seed": 1}`` (see
+    :class:`flows.train.ChaosSpec`).
+    """
     home_path = resolve_home(home)
     cfg = _resolve(config, run_name, workers, overrides, home_path)
     preflight(cfg)
     prepare_prefect(home_path)
+    from flows.train import ChaosSpec
     from flows.train import train as train_flow
 
-    return train_flow(config=cfg, home=str(home_path))
+    spec = ChaosSpec.model_validate(dict(chaos)) if chaos else None
+    return train_flow(config=cfg, home=str(home_path), chaos=spec)
 
 
 def run_ref(name: str, home: str | Path | None = None, ledger_url: str | None = None) -> RunRef:
@@ -108,11 +116,12 @@ def resume(
     home: str | Path | None = None,
     ledger_url: str | None = None,
     workers: int | None = None,
+    chaos: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Continue a run from the ledger's state with its recorded config."""
     ledger = _ledger(home, ledger_url)
     cfg = RunConfig.model_validate_json(ledger.get_run(name).config)
-    return train(cfg, workers=workers, home=home)
+    return train(cfg, workers=workers, home=home, chaos=chaos)
 
 
 def status(

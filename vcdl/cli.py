@@ -41,7 +41,21 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="vcdl", description="VC-ASGD training on preemptible machines.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    t = sub.add_parser("train", parents=[common], help="train (or resume) a run from a TOML config")
+    chaos_opts = _Parser(add_help=False)
+    chaos_opts.add_argument(
+        "--preempt",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="simulate spot preemptions: worker kills/notices per second (Poisson)",
+    )
+    chaos_opts.add_argument("--preempt-notices", type=float, default=0.25, metavar="FRACTION")
+    chaos_opts.add_argument("--preempt-grace", type=float, default=2.0, metavar="SECONDS")
+    chaos_opts.add_argument("--preempt-seed", type=int, default=0)
+    chaos_opts.add_argument("--preempt-log", help="JSON-lines file of every event")
+    t = sub.add_parser(
+        "train", parents=[common, chaos_opts], help="train (or resume) a run from a TOML config"
+    )
     t.add_argument("config", help="run config (TOML), e.g. examples/mnist1d.toml")
     t.add_argument("--run", help="run name (default: run.name, else the file name)")
     t.add_argument("--workers", type=int, help="LocalCluster worker processes")
@@ -56,11 +70,22 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("-v", "--verbose", action="store_true", help="show Prefect's own logs")
     t.add_argument("--json", action="store_true", help="print the final summary as JSON")
 
-    r = sub.add_parser("resume", parents=[common], help="continue a run from the ledger's state")
+    r = sub.add_parser(
+        "resume", parents=[common, chaos_opts], help="continue a run from the ledger's state"
+    )
     r.add_argument("run")
     r.add_argument("--workers", type=int)
     r.add_argument("-v", "--verbose", action="store_true")
     r.add_argument("--json", action="store_true")
+
+    c = sub.add_parser("chaos", help="preempt the workers of a running Dask cluster")
+    c.add_argument("scheduler", help="scheduler address, e.g. tcp://127.0.0.1:8786")
+    c.add_argument("--rate", type=float, required=True, help="events per second (Poisson)")
+    c.add_argument("--duration", type=float, required=True, help="seconds to run")
+    c.add_argument("--notices", type=float, default=0.25, help="fraction of events with notice")
+    c.add_argument("--grace", type=float, default=2.0, help="seconds from notice to kill")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--log", help="JSON-lines file of every event")
 
     sub.add_parser("runs", parents=[common], help="list runs")
 
@@ -189,6 +214,14 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
         )
     attempts = summary.get("attempts", {})
     print("attempts: " + ", ".join(f"{k} {v}" for k, v in attempts.items()))
+    mean_stale = summary.get("mean_staleness")
+    goodput = summary.get("goodput")
+    print(
+        f"kills {summary.get('kills', 0)}, reissues {summary.get('reissues', 0)}, "
+        f"rejections {summary.get('rejections', 0)}, duplicates {summary.get('duplicates', 0)}, "
+        f"mean staleness {f'{mean_stale:.2f}' if mean_stale is not None else '-'}, "
+        f"goodput {f'{goodput:.1%}' if goodput is not None else '-'}"
+    )
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -218,8 +251,17 @@ def _train(args: argparse.Namespace) -> int:
         f"'{cfg.data.name}', model {cfg.model.factory}, on {where}; state in {home}",
         file=sys.stderr,
     )
+    chaos = None
+    if args.preempt > 0:
+        chaos = {
+            "rate": args.preempt,
+            "notice_fraction": args.preempt_notices,
+            "grace": args.preempt_grace,
+            "seed": args.preempt_seed,
+            "log": args.preempt_log,
+        }
     with Progress(cfg.ledger.url, cfg.run.name, cfg.run.epochs):
-        summary = api.train(cfg, home=home)
+        summary = api.train(cfg, home=home, chaos=chaos)
     _print_summary(summary, args.json)
     return 0 if summary["state"] == "completed" else 1
 
@@ -258,14 +300,24 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _train(args)
     if args.command == "data":
         return _data(args)
+    if args.command == "chaos":
+        from vcdl.chaos import Preemptor, chaos_schedule
+
+        events = chaos_schedule(args.rate, args.duration, args.seed, args.notices)
+        pre = Preemptor(args.scheduler, events, grace=args.grace, seed=args.seed, log_path=args.log)
+        pre.start()
+        pre.join()
+        time.sleep(args.grace + 1)  # let the last notice's kill land
+        print(f"chaos: {pre.counts()} over {args.duration:.0f}s")
+        return 0
     if args.command == "runs":
         runs = api._ledger(args.home, args.ledger).list_runs()
         if not runs:
             print("no runs yet: `vcdl train CONFIG` starts one")
         for r in runs:
             print(
-                f"{r.name:30} {r.state:10} epochs {r.epochs_completed:>4} head v{r.head_version:<6} "
-                f"{r.updated_at:%Y-%m-%d %H:%M}"
+                f"{r.name:30} {r.state:10} epochs {r.epochs_completed:>4} "
+                f"head v{r.head_version:<6} {r.updated_at:%Y-%m-%d %H:%M}"
             )
         return 0
     if args.command == "status":

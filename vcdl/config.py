@@ -157,6 +157,26 @@ class FaultSection(_Section):
     attempt_timeout: float = Field(
         900.0, gt=0, description="Seconds after which a running attempt is presumed dead."
     )
+    partial: Literal["scale", "discard"] = Field(
+        "scale",
+        description="A partial result (preemption notice): merge it scaled by the fraction of "
+        "its shard it processed, or discard it and reissue the subtask.",
+    )
+    quorum: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Fraction of an epoch's shards that must be merged before stragglers "
+        "may be left behind (1 = wait for all).",
+    )
+    straggler_timeout: float = Field(
+        60.0, gt=0, description="Seconds to wait for stragglers once the quorum is merged."
+    )
+    late: Literal["reissue", "drop"] = Field(
+        "reissue",
+        description="Shards still unmerged at the straggler deadline: reissue them in the "
+        "next epoch, or drop them (recorded either way).",
+    )
 
 
 class RunConfig(_Section):

@@ -58,8 +58,18 @@ def run_status(ledger: Ledger, name: str) -> dict[str, Any]:
             }
         )
     counts = Counter(a.state for a in attempts)
-    trained = sum(a.train_seconds or 0.0 for a in attempts)
-    merged_seconds = sum(a.train_seconds or 0.0 for a in attempts if a.state == "merged")
+    # Killed attempts never report their training time: count their wall time
+    # from start to when the driver recorded the loss, an upper bound.
+    spent = [
+        a.train_seconds
+        if a.train_seconds is not None
+        else (a.finished_at - a.started_at).total_seconds()
+        if a.finished_at is not None
+        else 0.0
+        for a in attempts
+    ]
+    trained = sum(spent)
+    merged_seconds = sum(t for a, t in zip(attempts, spent, strict=True) if a.state == "merged")
     all_stale = [v.staleness for v in versions if v.staleness is not None]
     return {
         "run": name,
@@ -74,11 +84,11 @@ def run_status(ledger: Ledger, name: str) -> dict[str, Any]:
         "parent_run": run.parent_run,
         "parent_version": run.parent_version,
         "attempts": dict(sorted(counts.items())),
+        "kills": counts.get("killed", 0) + counts.get("timeout", 0),
+        "reissues": sum(max(0, s.attempts - 1) for s in subtasks),
         "rejections": counts.get("rejected", 0),
         "duplicates": counts.get("duplicate", 0),
         "mean_staleness": sum(all_stale) / len(all_stale) if all_stale else None,
-        # Seconds measured inside the training loop; killed attempts report
-        # none, so this overstates goodput under kills (see README).
         "goodput": merged_seconds / trained if trained else None,
         "created_at": run.created_at.isoformat(),
         "updated_at": run.updated_at.isoformat(),

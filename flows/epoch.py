@@ -1,0 +1,319 @@
+"""The ``vcdl-epoch`` subflow: one epoch's shard tasks on Dask, merged as they land.
+
+The ledger, not Prefect or Dask, is the source of truth for what is left to
+do (BOINC's transitioner): an attempt that died, timed out, failed or was
+rejected is reissued up to ``fault.max_attempts``, then recorded as failed
+with its reason. This does not rely on Prefect retries, which cannot fire
+when the worker process running the task is gone (STACK-NOTES.md).
+
+Recovery at the start of an epoch makes the flow safe to kill at any point:
+attempts a dead driver left "running" are recorded as killed, results it left
+unmerged are merged now (never trained again), and only the rest is submitted.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from distributed import KilledWorker
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.futures import PrefectFuture, as_completed
+
+from vcdl.assimilator import MERGEABLE_ATTEMPT_STATES, HeadCache, merge_attempt
+from vcdl.attempt import TERMINAL_SUBTASK_STATES, run_attempt
+from vcdl.config import RunConfig
+from vcdl.ledger import Subtask
+from vcdl.preemption import Preempted, notice_received
+from vcdl.runs import evaluate_version
+from vcdl.runtime import RunRef
+
+Key = tuple[int, int]  # (epoch, shard)
+DEFERRED = "deferred"
+POLL_SECONDS = 2.0
+
+
+@task(name="train-shard", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE)
+def train_shard(
+    ref: RunRef, config: RunConfig, epoch: int, shard: int, base_version: int | None = None
+) -> dict[str, Any]:
+    """Train one attempt of (run, epoch, shard) on whichever worker runs this."""
+    if notice_received():
+        # A worker under notice takes nothing new: the flow reissues elsewhere.
+        raise Preempted("worker has a preemption notice")
+    return run_attempt(ref, epoch, shard, base_version, notice_received, config).to_dict()
+
+
+@task(name="evaluate", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def evaluate_head(ref: RunRef, config: RunConfig, version: int, epoch: int) -> dict[str, Any]:
+    """Evaluate a version on the test split and record it in the ledger."""
+    ev = evaluate_version(ref, config, version, epoch=epoch)
+    return {"version": ev.version, "accuracy": ev.accuracy, "loss": ev.loss, "samples": ev.samples}
+
+
+def _set_task_run_state(future: PrefectFuture[Any], kind: str, message: str) -> None:
+    """Tell Prefect the truth about a task run its engine cannot finish (worker gone)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import State
+    from prefect.states import Cancelled, Crashed
+
+    state: State[Any] = (
+        Crashed(message=message) if kind == "crashed" else Cancelled(message=message)
+    )
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_task_run_state(future.task_run_id, state, force=True)
+    except Exception:  # the run may not exist (killed in its first second)
+        pass
+
+
+class EpochDriver:
+    """Drives one epoch to its barrier; every decision is recorded in the ledger."""
+
+    def __init__(self, ref: RunRef, cfg: RunConfig, epoch: int, final: bool) -> None:
+        self.ref, self.cfg, self.epoch, self.final = ref, cfg, epoch, final
+        self.ledger = ref.ledger()
+        self.log = get_run_logger()
+        self.cache = HeadCache()
+        self.pending: dict[PrefectFuture[dict[str, Any]], Key] = {}
+        self.submitted: dict[Key, int] = {}
+        self.base: int | None = None
+        self.tally = dict.fromkeys(
+            ("merged", "duplicate", "rejected", "skipped", "errors", "reissued", "timeouts"), 0
+        ) | {"killed": 0, "dropped": 0, "deferred": 0, "failed": 0}
+        self.quorum_at: float | None = None
+
+    # -- bookkeeping ---------------------------------------------------------
+
+    def _subtask(self, key: Key) -> Subtask:
+        return next(s for s in self.ledger.subtasks(self.ref.run, key[0]) if s.shard == key[1])
+
+    def _mark_running_attempts(self, key: Key, state: str, reason: str) -> int:
+        n = 0
+        for a in self.ledger.attempts(self.ref.run, key[0]):
+            if a.shard == key[1] and a.state == "running":
+                self.ledger.finish_attempt(a.id, state=state, reason=reason)
+                n += 1
+        return n
+
+    def _todo(self) -> list[Key]:
+        """This epoch's unfinished subtasks, plus earlier ones deferred to it."""
+        keys = []
+        for s in self.ledger.subtasks(self.ref.run):
+            if s.state in TERMINAL_SUBTASK_STATES:
+                continue
+            if s.epoch == self.epoch or (s.epoch < self.epoch and s.reason == DEFERRED):
+                keys.append((s.epoch, s.shard))
+        return keys
+
+    # -- the steps -------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Clean up after a driver that died in this epoch."""
+        for a in self.ledger.attempts(self.ref.run):
+            if a.state == "running" and a.epoch <= self.epoch:
+                self.ledger.finish_attempt(
+                    a.id, state="killed", reason="lost with a previous driver or its cluster"
+                )
+                self.tally["killed"] += 1
+        todo = set(self._todo())
+        for a in self.ledger.attempts(self.ref.run):
+            key = (a.epoch, a.shard)
+            if a.state in MERGEABLE_ATTEMPT_STATES and key in todo:
+                self.log.info("merging epoch %d shard %d left by a previous driver", *key)
+                self._merge(a.id, key, reissue_on_reject=False)
+                todo.discard(key)
+
+    def submit(self, key: Key) -> None:
+        self.submitted[key] = self.submitted.get(key, 0) + 1
+        epoch, shard = key
+        fut = train_shard.with_options(
+            task_run_name=f"epoch {epoch} · shard {shard} · attempt {self.submitted[key]}",
+            tags=[f"run:{self.ref.run}", f"epoch:{epoch}"],
+        ).submit(self.ref, self.cfg, epoch, shard, self.base if epoch == self.epoch else None)
+        self.pending[fut] = key
+
+    def reissue(self, key: Key, reason: str) -> None:
+        sub = self._subtask(key)
+        if sub.state in TERMINAL_SUBTASK_STATES:
+            return
+        if sub.attempts >= self.cfg.fault.max_attempts:
+            assert sub.id is not None
+            self.ledger.set_subtask_state(
+                sub.id, "failed", reason=f"{sub.attempts} attempts, last: {reason}"
+            )
+            self.tally["failed"] += 1
+            self.log.error("epoch %d shard %d failed for good: %s", key[0], key[1], reason)
+            return
+        self.tally["reissued"] += 1
+        self.log.warning("epoch %d shard %d reissued: %s", key[0], key[1], reason)
+        self.submit(key)
+
+    def _merge(self, attempt_id: str, key: Key, reissue_on_reject: bool = True) -> None:
+        outcome = merge_attempt(self.ref, attempt_id, self.cfg, self.cache)
+        self.tally[outcome.kind] += 1
+        if outcome.kind == "rejected":
+            self.log.warning("epoch %d shard %d rejected: %s", key[0], key[1], outcome.reason)
+            if reissue_on_reject:
+                self.reissue(key, f"rejected: {outcome.reason}")
+        elif outcome.kind == "merged":
+            self.log.info(
+                "epoch %d shard %d merged as v%s (alpha %.3f, staleness %s)",
+                key[0],
+                key[1],
+                outcome.version,
+                outcome.alpha or 0.0,
+                outcome.staleness,
+            )
+
+    def _on_done(self, fut: PrefectFuture[dict[str, Any]], key: Key) -> None:
+        try:
+            out = fut.result()
+        except KilledWorker as exc:
+            # Dask gave up after `allowed-failures` worker deaths; Prefect would
+            # leave the task run Running forever.
+            self.tally["errors"] += 1
+            _set_task_run_state(fut, "crashed", f"worker lost: {exc}")
+            self.tally["killed"] += self._mark_running_attempts(key, "killed", "worker died")
+            self.reissue(key, "KilledWorker: the workers running it died")
+            return
+        except Exception as exc:
+            self.tally["errors"] += 1
+            self.tally["killed"] += self._mark_running_attempts(key, "killed", "worker died")
+            self.reissue(key, f"{type(exc).__name__}: {exc}")
+            return
+        if out["state"] == "skipped":
+            self.tally["skipped"] += 1
+            return
+        if out["state"] == "interrupted" and self.cfg.fault.partial == "discard":
+            self.ledger.finish_attempt(
+                str(out["attempt_id"]),
+                state="rejected",
+                reason=f"partial result ({out['samples']}/{out['planned_samples']} samples) "
+                "discarded by policy fault.partial=discard",
+            )
+            self.tally["rejected"] += 1
+            self.reissue(key, "preempted with notice; partial result discarded")
+            return
+        # Attempts of this subtask that Dask re-ran elsewhere left "running" rows.
+        self.tally["killed"] += self._mark_running_attempts(
+            key, "killed", "worker died; the task was re-run elsewhere"
+        )
+        self._merge(str(out["attempt_id"]), key)
+
+    def _check_deadlines(self) -> None:
+        """Reissue subtasks whose running attempt is past its deadline."""
+        now = datetime.now(UTC)
+        for fut, key in list(self.pending.items()):
+            late = [
+                a
+                for a in self.ledger.attempts(self.ref.run, key[0])
+                if a.shard == key[1] and a.state == "running" and a.deadline and a.deadline < now
+            ]
+            if not late:
+                continue
+            fut.wrapped_future.cancel()  # type: ignore[attr-defined]
+            del self.pending[fut]
+            _set_task_run_state(fut, "cancelled", "attempt past its deadline")
+            for a in late:
+                self.ledger.finish_attempt(a.id, state="timeout", reason="past its deadline")
+            self.tally["timeouts"] += 1
+            self.reissue(key, f"timeout after {self.cfg.fault.attempt_timeout:.0f}s")
+
+    def _check_quorum(self) -> None:
+        """Past the straggler deadline: leave the late shards to the next epoch or drop them."""
+        f = self.cfg.fault
+        if f.quorum >= 1.0 or self.final:
+            return
+        subs = self.ledger.subtasks(self.ref.run, self.epoch)
+        merged = sum(1 for s in subs if s.state == "merged")
+        if self.quorum_at is None:
+            if merged >= f.quorum * len(subs):
+                self.quorum_at = time.monotonic()
+            return
+        if time.monotonic() - self.quorum_at < f.straggler_timeout:
+            return
+        for fut, key in list(self.pending.items()):
+            fut.wrapped_future.cancel()  # type: ignore[attr-defined]
+            del self.pending[fut]
+            _set_task_run_state(fut, "cancelled", f"straggler: {f.late} by quorum policy")
+            self._mark_running_attempts(key, "killed", "cancelled as a straggler")
+            sub = self._subtask(key)
+            if sub.state in TERMINAL_SUBTASK_STATES:
+                continue
+            assert sub.id is not None
+            if f.late == "drop":
+                self.ledger.set_subtask_state(sub.id, "dropped", reason="late: quorum policy")
+                self.tally["dropped"] += 1
+            else:
+                self.ledger.set_subtask_state(sub.id, "pending", reason=DEFERRED)
+                self.tally["deferred"] += 1
+        self.log.warning("epoch %d closed at quorum: stragglers %s", self.epoch, f.late)
+
+    def drain(self) -> None:
+        """Wait for results, merging each; reissue what died, timed out or was rejected."""
+        while self.pending:
+            try:
+                fut = next(as_completed(list(self.pending), timeout=POLL_SECONDS))
+            except TimeoutError:
+                self._check_deadlines()
+                self._check_quorum()
+                continue
+            key = self.pending.pop(fut)
+            self._on_done(fut, key)
+            self._check_quorum()
+
+    def _settle(self) -> None:
+        """Results that arrived for subtasks merged from another attempt are duplicates."""
+        store = self.ref.store()
+        merged = {s.id for s in self.ledger.subtasks(self.ref.run) if s.state == "merged"}
+        for a in self.ledger.attempts(self.ref.run):
+            if a.state in MERGEABLE_ATTEMPT_STATES and a.subtask_id in merged:
+                self.ledger.finish_attempt(
+                    a.id, state="duplicate", reason="subtask merged from another attempt"
+                )
+                if a.result_uri:
+                    store.delete(a.result_uri)
+                self.tally["duplicate"] += 1
+
+    def run(self) -> dict[str, Any]:
+        self.ledger.ensure_subtasks(self.ref.run, self.epoch, self.cfg.data.shards)
+        if self.cfg.merge.rule == "average":
+            merged = [v.number for v in self.ledger.versions(self.ref.run) if v.epoch == self.epoch]
+            self.base = (
+                min(merged) - 1 if merged else self.ledger.get_run(self.ref.run).head_version
+            )
+        self.recover()
+        for key in self._todo():
+            self.submit(key)
+        started = time.perf_counter()
+        self.drain()
+        self._settle()
+        head = self.ledger.get_run(self.ref.run).head_version
+        ev = (
+            evaluate_head.with_options(tags=[f"run:{self.ref.run}"])
+            .submit(self.ref, self.cfg, head, self.epoch)
+            .result()
+        )
+        self.ledger.update_run(self.ref.run, epochs_completed=self.epoch + 1)
+        self.log.info(
+            "epoch %d done in %.1fs: head v%d, test accuracy %.4f",
+            self.epoch,
+            time.perf_counter() - started,
+            head,
+            ev["accuracy"],
+        )
+        return {
+            "epoch": self.epoch,
+            "head_version": head,
+            **self.tally,
+            "test_accuracy": ev["accuracy"],
+        }
+
+
+@flow(name="vcdl-epoch")
+def epoch_flow(ref: RunRef, config: RunConfig, epoch: int, final: bool = False) -> dict[str, Any]:
+    """Run every unfinished shard of one epoch and merge each result as it lands."""
+    return EpochDriver(ref, config, epoch, final).run()

@@ -1,0 +1,205 @@
+"""Preemption simulator: takes Dask workers away the way spot fleets do.
+
+Two kinds of event, at the times of a seeded Poisson process:
+
+- **kill**: SIGKILL of a worker process, no notice (a spot VM reclaimed
+  without warning, a volunteer machine unplugged);
+- **notice**: SIGTERM, then SIGKILL after a grace period (AWS gives two
+  minutes, GCP thirty seconds, Kubernetes ``terminationGracePeriodSeconds``;
+  scaled down for tests). A vcdl worker that gets the notice stops its attempt
+  at the next batch boundary and hands in a partial result
+  (:mod:`vcdl.preemption`).
+
+Signals are delivered through ``Client.run`` inside the chosen worker
+process, so the simulator works against local and remote workers alike. The
+cluster replaces what it loses the way a fleet would: a LocalCluster's nanny
+restarts the worker process; on a real fleet a new instance joins.
+
+The schedule is pure (:func:`chaos_schedule`); :class:`Preemptor` carries it
+out in a thread and logs every event with its time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+log = logging.getLogger(__name__)
+
+EventKind = Literal["kill", "notice"]
+
+
+@dataclass(frozen=True)
+class ChaosEvent:
+    """One planned event: when (seconds from start) and what."""
+
+    at: float
+    kind: EventKind
+
+
+@dataclass
+class ChaosRecord:
+    """One event as carried out."""
+
+    at: float
+    kind: EventKind
+    worker: str
+    pid: int | None
+    outcome: str
+
+
+def chaos_schedule(
+    rate: float,
+    duration: float,
+    seed: int,
+    notice_fraction: float = 0.25,
+    start_after: float = 0.0,
+) -> list[ChaosEvent]:
+    """Event times of a Poisson process of ``rate`` events per second.
+
+    Each event is a notice with probability ``notice_fraction``, else a kill.
+    """
+    if rate < 0 or duration < 0 or not 0.0 <= notice_fraction <= 1.0:
+        raise ValueError("rate and duration must be >= 0 and notice_fraction in [0, 1]")
+    rng = random.Random(seed)
+    events: list[ChaosEvent] = []
+    t = start_after
+    if rate == 0:
+        return events
+    while True:
+        t += rng.expovariate(rate)
+        if t > start_after + duration:
+            return events
+        kind: EventKind = "notice" if rng.random() < notice_fraction else "kill"
+        events.append(ChaosEvent(round(t, 3), kind))
+
+
+def _signal_self(signum: int) -> int:
+    """Runs inside the worker: send ``signum`` to this very process."""
+    pid = os.getpid()
+    os.kill(pid, signum)
+    return pid
+
+
+def _pid() -> int:
+    return os.getpid()
+
+
+def _is_local(worker: str) -> bool:
+    host = worker.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1", socket.gethostname())
+
+
+def _deliver(client: Any, worker: str, pid: int, sig: int) -> None:
+    """Signal a worker process: directly when it is on this host, else from inside it."""
+    if _is_local(worker):
+        os.kill(pid, sig)
+        return
+    try:
+        client.run(_signal_self, int(sig), workers=[worker])
+    except Exception:
+        # SIGKILL takes the worker down before it can answer: that is success.
+        if sig != signal.SIGKILL:
+            raise
+
+
+class Preemptor(threading.Thread):
+    """Carries out a chaos schedule against the workers of a Dask scheduler."""
+
+    def __init__(
+        self,
+        scheduler_address: str,
+        events: list[ChaosEvent],
+        grace: float = 2.0,
+        seed: int = 0,
+        log_path: str | Path | None = None,
+        min_workers: int = 1,
+    ) -> None:
+        super().__init__(name="vcdl-preemptor", daemon=True)
+        self.address = scheduler_address
+        self.events = events
+        self.grace = grace
+        self.rng = random.Random(seed)
+        self.log_path = Path(log_path) if log_path else None
+        self.min_workers = min_workers
+        self.records: list[ChaosRecord] = []
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def counts(self) -> dict[str, int]:
+        out = {"kill": 0, "notice": 0}
+        for r in self.records:
+            if r.outcome == "sent":
+                out[r.kind] += 1
+        return out
+
+    def _record(self, rec: ChaosRecord) -> None:
+        self.records.append(rec)
+        log.warning(
+            "chaos: %s %s (pid %s) at %.1fs: %s", rec.kind, rec.worker, rec.pid, rec.at, rec.outcome
+        )
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"time": time.time(), **asdict(rec)}) + "\n")
+
+    def run(self) -> None:
+        from distributed import Client
+
+        start = time.monotonic()
+        with Client(self.address, timeout=30) as client:
+            for event in self.events:
+                delay = event.at - (time.monotonic() - start)
+                if delay > 0 and self._stop_event.wait(delay):
+                    return
+                if self._stop_event.is_set():
+                    return
+                self._fire(client, event, time.monotonic() - start)
+
+    def _fire(self, client: object, event: ChaosEvent, now: float) -> None:
+        from distributed import Client
+
+        assert isinstance(client, Client)
+        try:
+            pids: dict[str, int] = client.run(_pid)
+        except Exception as exc:  # the cluster is between workers: skip this one
+            self._record(ChaosRecord(now, event.kind, "-", None, f"skipped: {exc}"))
+            return
+        if len(pids) < self.min_workers:
+            self._record(ChaosRecord(now, event.kind, "-", None, "skipped: no worker"))
+            return
+        worker = self.rng.choice(sorted(pids))
+        pid = pids[worker]
+        sig = signal.SIGKILL if event.kind == "kill" else signal.SIGTERM
+        try:
+            _deliver(client, worker, pid, sig)
+        except Exception as exc:
+            self._record(ChaosRecord(now, event.kind, worker, pid, f"failed: {exc}"))
+            return
+        self._record(ChaosRecord(now, event.kind, worker, pid, "sent"))
+        if event.kind == "notice":
+            timer = threading.Timer(self.grace, self._finish_notice, args=(worker, pid))
+            timer.daemon = True
+            timer.start()
+
+    def _finish_notice(self, worker: str, pid: int) -> None:
+        """The grace period is over: the instance goes away."""
+        from distributed import Client
+
+        try:
+            with Client(self.address, timeout=10) as client:
+                if client.run(_pid, workers=[worker]).get(worker) == pid:
+                    _deliver(client, worker, pid, signal.SIGKILL)
+        except Exception:  # already gone, which is what we wanted
+            pass
