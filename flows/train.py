@@ -132,7 +132,9 @@ def _named(config: RunConfig) -> RunConfig:
 
 @flow(name="vcdl-train")
 def train(
-    config: RunConfig, home: str | None = None, chaos: ChaosSpec | None = None
+    config: RunConfig = RunConfig(),  # noqa: B008  (frozen: safe as a default; the UI's form)
+    home: str | None = None,
+    chaos: ChaosSpec | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) the run described by ``config``; returns its status summary."""
     logger = get_run_logger()

@@ -19,6 +19,8 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Prefect against a throwaway database for the whole session (one cold start)."""
     home = tmp_path_factory.mktemp("prefect-home")
     os.environ["PREFECT_HOME"] = str(home)
+    # Offline machine: the server's telemetry only fails (and locks its SQLite).
+    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):

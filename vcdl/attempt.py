@@ -68,6 +68,31 @@ def attempt_seed(seed: int, epoch: int, shard: int) -> int:
     return int(np.random.SeedSequence([seed, epoch, shard]).generate_state(1)[0])
 
 
+def _unmerged_result(ref: RunRef, epoch: int, shard: int) -> AttemptOutcome | None:
+    """A finished, not yet merged attempt of this subtask whose result is stored."""
+    store = ref.store()
+    for a in ref.ledger().attempts(ref.run, epoch):
+        if (
+            a.shard == shard
+            and a.state == "finished"
+            and a.result_uri
+            and store.exists(a.result_uri)
+        ):
+            return AttemptOutcome(
+                attempt_id=a.id,
+                epoch=epoch,
+                shard=shard,
+                state="finished",
+                base_version=a.base_version,
+                samples=a.samples or 0,
+                loss=a.loss,
+                train_seconds=a.train_seconds or 0.0,
+                worker=a.worker,
+                timings={"reused": 1.0},
+            )
+    return None
+
+
 def run_attempt(
     ref: RunRef,
     epoch: int,
@@ -91,6 +116,11 @@ def run_attempt(
         raise LookupError(f"run {ref.run!r} has no subtask epoch {epoch} shard {shard}")
     if subtask.state in TERMINAL_SUBTASK_STATES:
         return AttemptOutcome(None, epoch, shard, "skipped", worker=worker_name())
+    done = _unmerged_result(ref, epoch, shard)
+    if done is not None:
+        # Dask re-runs a finished task whose worker died before the driver
+        # fetched its return value; the result is safe in the store already.
+        return done
     deadline = datetime.now(UTC) + timedelta(seconds=cfg.fault.attempt_timeout)
     attempt = ledger.start_attempt(
         ref.run, epoch, shard, worker_name(), base_version=base_version, deadline=deadline

@@ -2,8 +2,9 @@
 
 This module owns the queries and transactions on the tables of
 :mod:`vcdl.ledger_models` (re-exported here), on SQLite (one machine, the
-default) and PostgreSQL (several machines). It enforces the two rules the rest
-of vcdl relies on (DESIGN.md §1):
+default) and PostgreSQL (several machines); connections, pools, retries and
+the schema migrations on open live in :mod:`vcdl.ledger_engine`. It enforces
+the two rules the rest of vcdl relies on (DESIGN.md §1):
 
 * a subtask is merged at most once: :meth:`Ledger.commit_merge` checks under a
   row lock, and the unique constraint ``version(run, subtask_id)`` is the
@@ -13,29 +14,27 @@ of vcdl relies on (DESIGN.md §1):
   answers by re-reading the head, merging again and retrying.
 
 Every public method is one transaction and returns detached row objects (safe
-to read after the call; changing them changes nothing in the ledger).
+to read after the call; changing them changes nothing in the ledger). The
+queries are SQLAlchemy Core, one statement per step and ``RETURNING`` where
+it saves a round trip: the merge path runs thousands of times per epoch.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import random
-import time
-from collections.abc import Callable
 from datetime import datetime, timedelta
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
-from sqlalchemy import Connection, Engine, and_, event, or_, update
+from sqlalchemy import Connection, Select, and_, case, func, insert, literal, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
-from sqlmodel import Session, SQLModel, col, create_engine, select
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import SQLModel
 
 from vcdl.errors import AlreadyMerged, HeadConflict, LeaseHeld, LedgerError, RunNotFound
+from vcdl.ledger_engine import LedgerEngine, load, redact_url
 from vcdl.ledger_models import (
     ATTEMPT_STATES,
     RUN_STATES,
@@ -63,27 +62,15 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
+_RUN: Final = SQLModel.metadata.tables["run"]
+_SUB: Final = SQLModel.metadata.tables["subtask"]
+_ATT: Final = SQLModel.metadata.tables["attempt"]
+_VER: Final = SQLModel.metadata.tables["version"]
+_EVAL: Final = SQLModel.metadata.tables["evaluation"]
+# A subtask in one of these states keeps it when another attempt starts.
+_SUBTASK_FINAL: Final = ("merged", "dropped", "failed")
 
-# Execution option that marks read-only sessions: on SQLite they open with a
-# plain (deferred) BEGIN, so readers never queue behind the write lock.
-_READ_ONLY: Final = "vcdl_read_only"
-# PostgreSQL SQLSTATEs after which re-running the whole transaction is correct:
-# serialization_failure and deadlock_detected.
-_TRANSIENT_SQLSTATES: Final = frozenset({"40001", "40P01"})
-_TRANSIENT_RETRIES: Final = 8
-# Key of the advisory lock that serializes create_all between processes opening
-# a fresh PostgreSQL ledger at once (concurrent CREATE TABLE fails otherwise).
-_SCHEMA_LOCK_KEY: Final = 0x7663646C  # "vcdl"
-
-
-def redact_url(url: str | URL) -> str:
-    """``url`` with its password replaced by ``***``: the only form that may be shown."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        # The parse error would echo the whole string, password included.
-        return "<unparseable database URL>"
+M = TypeVar("M", bound=SQLModel)
 
 
 class _LostRace(Exception):
@@ -95,122 +82,37 @@ class Ledger:
 
     ``url`` is an SQLAlchemy URL: ``sqlite:///path/ledger.db`` (the parent
     directory is created) or ``postgresql+psycopg://user:pw@host/db``
-    (``postgresql://`` is taken to mean psycopg 3). Tables are created on open.
+    (``postgresql://`` is taken to mean psycopg 3; pool settings in the query,
+    see :mod:`vcdl.ledger_engine`). The schema is created or migrated to the
+    newest revision on open.
     """
 
     def __init__(self, url: str) -> None:
         self._url = url
+        self._db = LedgerEngine(url)
+        self._display = self._db.display
+        self._engine = self._db.engine
         try:
-            parsed = make_url(url)
-        except ArgumentError as exc:
-            raise LedgerError(
-                "cannot parse the ledger URL; expected sqlite:///path/ledger.db or "
-                "postgresql+psycopg://user:password@host:5432/db"
-            ) from exc
-        if parsed.drivername == "postgresql":
-            # Only psycopg 3 is a dependency; SQLAlchemy's default is psycopg2.
-            parsed = parsed.set(drivername="postgresql+psycopg")
-        self._display = parsed.render_as_string(hide_password=True)
-        self._backend = parsed.get_backend_name()
-        self._engine = self._make_engine(parsed)
-        self._read_engine = self._engine.execution_options(**{_READ_ONLY: True})
-        try:
-            self._create_schema()
-        except DBAPIError as exc:
-            self._engine.dispose()
-            raise LedgerError(f"cannot open ledger {self._display}: {exc.orig}") from exc
+            self._db.ensure_schema()
+        except BaseException:
+            self._db.dispose()
+            raise
         log.debug("opened ledger %s", self._display)
 
     # -- plumbing -------------------------------------------------------------
 
-    def _make_engine(self, url: URL) -> Engine:
-        if self._backend == "sqlite":
-            db = url.database
-            if db and db != ":memory:" and not db.startswith("file:"):
-                Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
-            engine = create_engine(url, connect_args={"timeout": 30})
-            event.listen(engine, "connect", _sqlite_on_connect)
-            event.listen(engine, "begin", _sqlite_on_begin)
-            return engine
-        if self._backend == "postgresql":
-            # A driver or CLI process holds a handful of connections at most;
-            # pre_ping survives a restarted server or a dropped idle connection.
-            return create_engine(
-                url, pool_pre_ping=True, pool_size=5, max_overflow=5, pool_recycle=1800
-            )
-        raise LedgerError(
-            f"unsupported ledger URL {self._display}: use sqlite:///path/ledger.db or "
-            "postgresql+psycopg://user:password@host:5432/db"
-        )
-
-    def _create_schema(self) -> None:
-        # One transaction (BEGIN IMMEDIATE on SQLite; an advisory lock on
-        # PostgreSQL) so processes opening a fresh ledger together do not race
-        # between "table missing?" and CREATE TABLE.
-        with self._engine.begin() as conn:
-            if self._backend == "postgresql":
-                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK_KEY})")
-            SQLModel.metadata.create_all(conn)
-
-    def _read(self, fn: Callable[[Session], T]) -> T:
-        """Run ``fn`` in one read-only transaction (retried like :meth:`_write`)."""
-        return self._transact(self._read_engine, fn)
-
-    def _write(
-        self,
-        fn: Callable[[Session], T],
-        on_transient: Callable[[], LedgerError] | None = None,
-    ) -> T:
-        """Run ``fn`` in one write transaction, committed if it returns.
-
-        A PostgreSQL serialization failure or deadlock re-runs the transaction
-        (it was rolled back whole), unless ``on_transient`` gives the error to
-        raise instead.
-        """
-        return self._transact(self._engine, fn, on_transient)
-
-    def _transact(
-        self,
-        engine: Engine,
-        fn: Callable[[Session], T],
-        on_transient: Callable[[], LedgerError] | None = None,
-    ) -> T:
-        # Even reads can fail with a serialization error when the server's
-        # default isolation is SERIALIZABLE, so every transaction may be re-run.
-        for attempt in range(_TRANSIENT_RETRIES):
-            try:
-                with (
-                    Session(engine, expire_on_commit=False) as session,
-                    session.begin(),
-                ):
-                    return fn(session)
-            except DBAPIError as exc:
-                sqlstate = getattr(exc.orig, "sqlstate", None)
-                transient = sqlstate in _TRANSIENT_SQLSTATES
-                if transient:
-                    log.debug("ledger transaction hit SQLSTATE %s (try %d)", sqlstate, attempt + 1)
-                if transient and on_transient is not None:
-                    raise on_transient() from exc
-                if transient and attempt + 1 < _TRANSIENT_RETRIES:
-                    time.sleep(random.uniform(0.005, 0.05) * (attempt + 1))
-                    continue
-                if "database is locked" in str(exc.orig):
-                    raise LedgerError(
-                        f"ledger {self._display} stayed locked for 30 s; another process "
-                        "holds a long write transaction (or the file is on a network "
-                        "filesystem, where SQLite locking does not work: use PostgreSQL)"
-                    ) from exc
-                raise LedgerError(f"ledger {self._display}: {exc.orig}") from exc
-        raise AssertionError("unreachable")  # pragma: no cover
-
     def _not_found(self, name: str) -> RunNotFound:
         return RunNotFound(f"no run {name!r} in ledger {self._display}; `vcdl runs` lists them")
 
-    def _get_run(self, session: Session, name: str) -> Run:
-        run = session.get(Run, name)
-        if run is None:
+    def _get_run(self, c: Connection, name: str) -> Run:
+        row = c.execute(select(_RUN).where(_RUN.c.name == name)).mappings().first()
+        if row is None:
             raise self._not_found(name)
-        return run
+        return load(Run, row)
+
+    def _check_run(self, c: Connection, name: str) -> None:
+        if c.execute(select(_RUN.c.name).where(_RUN.c.name == name)).first() is None:
+            raise self._not_found(name)
 
     # -- the ledger itself ----------------------------------------------------
 
@@ -227,14 +129,14 @@ class Ledger:
     @property
     def backend(self) -> str:
         """``"sqlite"`` or ``"postgresql"``."""
-        return self._backend
+        return self._db.backend
 
     def __repr__(self) -> str:
         return f"Ledger({self._display!r})"
 
     def close(self) -> None:
         """Close every pooled connection. The object is unusable afterwards."""
-        self._engine.dispose()
+        self._db.dispose()
 
     def __enter__(self) -> Ledger:
         return self
@@ -271,12 +173,11 @@ class Ledger:
             f"choose a new name (--run NEW) or resume {name!r}"
         )
 
-        def tx(s: Session) -> Run:
-            if s.get(Run, name) is not None:
+        def tx(c: Connection) -> Run:
+            if c.execute(select(_RUN.c.name).where(_RUN.c.name == name)).first() is not None:
                 raise exists
             if parent_run is not None:
-                self._get_run(s, parent_run)
-                self._get_version(s, parent_run, parent_version or 0)
+                self._get_version(c, parent_run, parent_version or 0)
             now = utcnow()
             run = Run(
                 name=name,
@@ -286,17 +187,18 @@ class Ledger:
                 epochs_completed=0,
                 parent_run=parent_run,
                 parent_version=parent_version,
+                lease_owner=None,
+                lease_expires=None,
                 created_at=now,
                 updated_at=now,
             )
-            s.add(run)
             try:
                 # A concurrent create_run of the same name fails here.
-                s.flush()
+                c.execute(insert(_RUN).values(run.model_dump()))
             except IntegrityError as exc:
                 raise exists from exc
-            s.add(
-                Version(
+            c.execute(
+                insert(_VER).values(
                     run=name,
                     number=0,
                     parent=None,
@@ -307,31 +209,29 @@ class Ledger:
             )
             return run
 
-        return self._write(tx)
+        return self._db.write(tx)
 
     def get_run(self, name: str) -> Run:
         """Run ``name``; :class:`RunNotFound` if there is none."""
-
-        def tx(s: Session) -> Run:
-            return self._get_run(s, name)
-
-        return self._read(tx)
+        return self._db.read(lambda c: self._get_run(c, name))
 
     def find_run(self, name: str) -> Run | None:
         """Run ``name``, or None."""
 
-        def tx(s: Session) -> Run | None:
-            return s.get(Run, name)
+        def tx(c: Connection) -> Run | None:
+            row = c.execute(select(_RUN).where(_RUN.c.name == name)).mappings().first()
+            return None if row is None else load(Run, row)
 
-        return self._read(tx)
+        return self._db.read(tx)
 
     def list_runs(self) -> list[Run]:
         """Every run, oldest first."""
 
-        def tx(s: Session) -> list[Run]:
-            return list(s.exec(select(Run).order_by(col(Run.created_at), col(Run.name))).all())
+        def tx(c: Connection) -> list[Run]:
+            rows = c.execute(select(_RUN).order_by(_RUN.c.created_at, _RUN.c.name)).mappings()
+            return [load(Run, row) for row in rows]
 
-        return self._read(tx)
+        return self._db.read(tx)
 
     def update_run(
         self,
@@ -348,78 +248,81 @@ class Ledger:
             raise LedgerError(f"invalid run state {state!r}; one of {sorted(RUN_STATES)}")
         if epochs_completed is not None and epochs_completed < 0:
             raise LedgerError(f"epochs_completed must be >= 0, got {epochs_completed}")
+        values = {
+            k: v
+            for k, v in (
+                ("state", state),
+                ("epochs_completed", epochs_completed),
+                ("config", config),
+            )
+            if v is not None
+        }
 
-        def tx(s: Session) -> Run:
-            run = self._get_run(s, name)
-            if state is not None:
-                run.state = state
-            if epochs_completed is not None:
-                run.epochs_completed = epochs_completed
-            if config is not None:
-                run.config = config
-            run.updated_at = utcnow()
-            return run
+        def tx(c: Connection) -> Run:
+            row = (
+                c.execute(
+                    update(_RUN)
+                    .where(_RUN.c.name == name)
+                    .values(**values, updated_at=utcnow())
+                    .returning(_RUN)
+                )
+                .mappings()
+                .first()
+            )
+            if row is None:
+                raise self._not_found(name)
+            return load(Run, row)
 
-        return self._write(tx)
+        return self._db.write(tx)
 
     # -- versions -------------------------------------------------------------
 
-    def _get_version(self, s: Session, name: str, number: int) -> Version:
-        version = s.exec(
-            select(Version).where(col(Version.run) == name, col(Version.number) == number)
-        ).first()
-        if version is None:
-            run = self._get_run(s, name)
+    def _get_version(self, c: Connection, name: str, number: int) -> Version:
+        row = (
+            c.execute(select(_VER).where(_VER.c.run == name, _VER.c.number == number))
+            .mappings()
+            .first()
+        )
+        if row is None:
+            run = self._get_run(c, name)
             raise LedgerError(f"run {name!r} has no version {number} (head is v{run.head_version})")
-        return version
+        return load(Version, row)
 
     def head(self, name: str) -> Version:
         """The version the run's head points to."""
 
-        def tx(s: Session) -> Version:
-            version = s.exec(
-                select(Version)
-                .join(
-                    Run,
-                    and_(
-                        col(Run.name) == col(Version.run),
-                        col(Run.head_version) == col(Version.number),
-                    ),
-                )
-                .where(col(Run.name) == name)
-            ).first()
-            if version is None:
-                run = self._get_run(s, name)
+        def tx(c: Connection) -> Version:
+            on_head = and_(_RUN.c.name == _VER.c.run, _RUN.c.head_version == _VER.c.number)
+            row = (
+                c.execute(select(_VER).join(_RUN, on_head).where(_RUN.c.name == name))
+                .mappings()
+                .first()
+            )
+            if row is None:
+                run = self._get_run(c, name)
                 raise LedgerError(
                     f"head v{run.head_version} of run {name!r} has no version row; "
                     f"ledger {self._display} is inconsistent"
                 )
-            return version
+            return load(Version, row)
 
-        return self._read(tx)
+        return self._db.read(tx)
 
     def get_version(self, name: str, number: int) -> Version:
         """Version ``number`` of run ``name``."""
-
-        def tx(s: Session) -> Version:
-            return self._get_version(s, name, number)
-
-        return self._read(tx)
+        return self._db.read(lambda c: self._get_version(c, name, number))
 
     def versions(self, name: str) -> list[Version]:
         """Every version of the run, by number."""
+        stmt = select(_VER).where(_VER.c.run == name).order_by(_VER.c.number)
+        return self._db.read(lambda c: self._rows_of_run(c, Version, stmt, name))
 
-        def tx(s: Session) -> list[Version]:
-            rows = list(
-                s.exec(
-                    select(Version).where(col(Version.run) == name).order_by(col(Version.number))
-                ).all()
-            )
-            if not rows:
-                self._get_run(s, name)
-            return rows
-
-        return self._read(tx)
+    def _rows_of_run(self, c: Connection, model: type[M], stmt: Select[Any], name: str) -> list[M]:
+        """The rows ``stmt`` selects as ``model``s; none only if the run exists."""
+        rows = [load(model, row) for row in c.execute(stmt).mappings()]
+        if not rows:
+            self._check_run(c, name)
+        return rows
 
     # -- subtasks -------------------------------------------------------------
 
@@ -431,42 +334,33 @@ class Ledger:
         """
         if epoch < 0 or shards < 1:
             raise LedgerError(f"need epoch >= 0 and shards >= 1, got epoch={epoch} shards={shards}")
-        insert = pg_insert if self._backend == "postgresql" else sqlite_insert
+        dialect_insert = pg_insert if self.backend == "postgresql" else sqlite_insert
 
-        def tx(s: Session) -> list[Subtask]:
-            self._get_run(s, name)
+        def tx(c: Connection) -> list[Subtask]:
+            self._check_run(c, name)
             rows = [
                 {"run": name, "epoch": epoch, "shard": k, "state": "pending", "attempts": 0}
                 for k in range(shards)
             ]
-            s.exec(
-                insert(Subtask)
+            c.execute(
+                dialect_insert(_SUB)
                 .values(rows)
                 .on_conflict_do_nothing(index_elements=["run", "epoch", "shard"])
             )
-            return list(
-                s.exec(
-                    select(Subtask)
-                    .where(col(Subtask.run) == name, col(Subtask.epoch) == epoch)
-                    .order_by(col(Subtask.shard))
-                ).all()
+            stmt = (
+                select(_SUB).where(_SUB.c.run == name, _SUB.c.epoch == epoch).order_by(_SUB.c.shard)
             )
+            return [load(Subtask, row) for row in c.execute(stmt).mappings()]
 
-        return self._write(tx)
+        return self._db.write(tx)
 
     def subtasks(self, name: str, epoch: int | None = None) -> list[Subtask]:
         """The run's subtasks (of one epoch if given), by epoch and shard."""
-
-        def tx(s: Session) -> list[Subtask]:
-            stmt = select(Subtask).where(col(Subtask.run) == name)
-            if epoch is not None:
-                stmt = stmt.where(col(Subtask.epoch) == epoch)
-            rows = list(s.exec(stmt.order_by(col(Subtask.epoch), col(Subtask.shard))).all())
-            if not rows:
-                self._get_run(s, name)
-            return rows
-
-        return self._read(tx)
+        stmt = select(_SUB).where(_SUB.c.run == name)
+        if epoch is not None:
+            stmt = stmt.where(_SUB.c.epoch == epoch)
+        stmt = stmt.order_by(_SUB.c.epoch, _SUB.c.shard)
+        return self._db.read(lambda c: self._rows_of_run(c, Subtask, stmt, name))
 
     def set_subtask_state(self, subtask_id: int, state: str, reason: str | None = None) -> Subtask:
         """Set a subtask's state (e.g. "dropped" by the quorum policy) and reason.
@@ -479,22 +373,29 @@ class Ledger:
         if state == "merged":
             raise LedgerError("a subtask becomes merged only through commit_merge")
 
-        def tx(s: Session) -> Subtask:
-            subtask = s.exec(
-                select(Subtask).where(col(Subtask.id) == subtask_id).with_for_update()
-            ).first()
-            if subtask is None:
-                raise LedgerError(f"no subtask with id {subtask_id} in ledger {self._display}")
-            if subtask.merged_version is not None:
-                raise LedgerError(
-                    f"subtask {subtask_id} (epoch {subtask.epoch}, shard {subtask.shard}) is "
-                    f"merged as v{subtask.merged_version}; its state is final"
+        def tx(c: Connection) -> Subtask:
+            # One conditional UPDATE: it cannot slip in after a concurrent merge.
+            row = (
+                c.execute(
+                    update(_SUB)
+                    .where(_SUB.c.id == subtask_id, _SUB.c.merged_version.is_(None))
+                    .values(state=state, reason=reason)
+                    .returning(_SUB)
                 )
-            subtask.state = state
-            subtask.reason = reason
-            return subtask
+                .mappings()
+                .first()
+            )
+            if row is not None:
+                return load(Subtask, row)
+            sub = c.execute(select(_SUB).where(_SUB.c.id == subtask_id)).first()
+            if sub is None:
+                raise LedgerError(f"no subtask with id {subtask_id} in ledger {self._display}")
+            raise LedgerError(
+                f"subtask {subtask_id} (epoch {sub.epoch}, shard {sub.shard}) is "
+                f"merged as v{sub.merged_version}; its state is final"
+            )
 
-        return self._write(tx)
+        return self._db.write(tx)
 
     # -- attempts -------------------------------------------------------------
 
@@ -515,49 +416,49 @@ class Ledger:
         in the same transaction.
         """
 
-        def tx(s: Session) -> Attempt:
-            run = self._get_run(s, name)
-            # The row lock makes concurrent starts of one subtask take turns, so
-            # attempt numbers are 1, 2, 3, ... without gaps or repeats.
-            subtask = s.exec(
-                select(Subtask)
-                .where(
-                    col(Subtask.run) == name,
-                    col(Subtask.epoch) == epoch,
-                    col(Subtask.shard) == shard,
+        def tx(c: Connection) -> Attempt:
+            # The UPDATE takes the subtask's row lock, so concurrent starts of
+            # one subtask take turns and attempt numbers are 1, 2, 3, ...
+            # without gaps or repeats; it returns the run's head on the way.
+            head = select(_RUN.c.head_version).where(_RUN.c.name == name).scalar_subquery()
+            counted = c.execute(
+                update(_SUB)
+                .where(_SUB.c.run == name, _SUB.c.epoch == epoch, _SUB.c.shard == shard)
+                .values(
+                    attempts=_SUB.c.attempts + 1,
+                    state=case(
+                        (_SUB.c.state.in_(_SUBTASK_FINAL), _SUB.c.state), else_=literal("running")
+                    ),
                 )
-                .with_for_update()
+                .returning(_SUB.c.id, _SUB.c.attempts, head.label("head"))
             ).first()
-            if subtask is None or subtask.id is None:
+            if counted is None:
+                self._check_run(c, name)
                 raise LedgerError(
                     f"run {name!r} has no subtask epoch {epoch} shard {shard}; "
                     "ensure_subtasks() creates an epoch's subtasks"
                 )
-            base = run.head_version if base_version is None else base_version
-            if not 0 <= base <= run.head_version:
+            base = counted.head if base_version is None else base_version
+            if not 0 <= base <= counted.head:
                 raise LedgerError(
-                    f"base version {base} of run {name!r} does not exist "
-                    f"(head is v{run.head_version})"
+                    f"base version {base} of run {name!r} does not exist (head is v{counted.head})"
                 )
-            subtask.attempts += 1
-            if subtask.state not in ("merged", "dropped", "failed"):
-                subtask.state = "running"
             attempt = Attempt(
                 run=name,
-                subtask_id=subtask.id,
+                subtask_id=counted.id,
                 epoch=epoch,
                 shard=shard,
-                number=subtask.attempts,
+                number=counted.attempts,
                 worker=worker,
                 base_version=base,
                 state="running",
                 started_at=utcnow(),
                 deadline=deadline,
             )
-            s.add(attempt)
+            c.execute(insert(_ATT).values(attempt.model_dump()))
             return attempt
 
-        return self._write(tx)
+        return self._db.write(tx)
 
     def finish_attempt(
         self,
@@ -579,55 +480,50 @@ class Ledger:
             raise LedgerError(f"invalid attempt state {state!r}; one of {sorted(ATTEMPT_STATES)}")
         if state == "merged":
             raise LedgerError("an attempt becomes merged only through commit_merge")
+        given = {
+            "result_uri": result_uri,
+            "samples": samples,
+            "loss": loss,
+            "train_seconds": train_seconds,
+            "reason": reason,
+        }
+        values = {k: v for k, v in given.items() if v is not None}
 
-        def tx(s: Session) -> Attempt:
-            attempt = self._get_attempt(s, attempt_id)
-            if attempt.state == "merged":
-                raise LedgerError(f"attempt {attempt_id} is merged; its state is final")
-            attempt.state = state
-            attempt.finished_at = utcnow()
-            if result_uri is not None:
-                attempt.result_uri = result_uri
-            if samples is not None:
-                attempt.samples = samples
-            if loss is not None:
-                attempt.loss = loss
-            if train_seconds is not None:
-                attempt.train_seconds = train_seconds
-            if reason is not None:
-                attempt.reason = reason
-            return attempt
+        def tx(c: Connection) -> Attempt:
+            row = (
+                c.execute(
+                    update(_ATT)
+                    .where(_ATT.c.id == attempt_id, _ATT.c.state != "merged")
+                    .values(**values, state=state, finished_at=utcnow())
+                    .returning(_ATT)
+                )
+                .mappings()
+                .first()
+            )
+            if row is not None:
+                return load(Attempt, row)
+            self._get_attempt(c, attempt_id)
+            raise LedgerError(f"attempt {attempt_id} is merged; its state is final")
 
-        return self._write(tx)
+        return self._db.write(tx)
 
-    def _get_attempt(self, s: Session, attempt_id: str) -> Attempt:
-        attempt = s.get(Attempt, attempt_id)
-        if attempt is None:
+    def _get_attempt(self, c: Connection, attempt_id: str) -> Attempt:
+        row = c.execute(select(_ATT).where(_ATT.c.id == attempt_id)).mappings().first()
+        if row is None:
             raise LedgerError(f"no attempt {attempt_id!r} in ledger {self._display}")
-        return attempt
+        return load(Attempt, row)
 
     def get_attempt(self, attempt_id: str) -> Attempt:
         """Attempt ``attempt_id``."""
-
-        def tx(s: Session) -> Attempt:
-            return self._get_attempt(s, attempt_id)
-
-        return self._read(tx)
+        return self._db.read(lambda c: self._get_attempt(c, attempt_id))
 
     def attempts(self, name: str, epoch: int | None = None) -> list[Attempt]:
         """The run's attempts (of one epoch if given), by epoch, shard and number."""
-
-        def tx(s: Session) -> list[Attempt]:
-            stmt = select(Attempt).where(col(Attempt.run) == name)
-            if epoch is not None:
-                stmt = stmt.where(col(Attempt.epoch) == epoch)
-            order = (col(Attempt.epoch), col(Attempt.shard), col(Attempt.number))
-            rows = list(s.exec(stmt.order_by(*order)).all())
-            if not rows:
-                self._get_run(s, name)
-            return rows
-
-        return self._read(tx)
+        stmt = select(_ATT).where(_ATT.c.run == name)
+        if epoch is not None:
+            stmt = stmt.where(_ATT.c.epoch == epoch)
+        stmt = stmt.order_by(_ATT.c.epoch, _ATT.c.shard, _ATT.c.number)
+        return self._db.read(lambda c: self._rows_of_run(c, Attempt, stmt, name))
 
     # -- the merge ------------------------------------------------------------
 
@@ -651,32 +547,49 @@ class Ledger:
         """
         new = expected_head + 1
 
-        def tx(s: Session) -> Version | tuple[int, str]:
-            attempt = self._get_attempt(s, attempt_id)
-            if attempt.run != name:
-                raise LedgerError(
-                    f"attempt {attempt_id} belongs to run {attempt.run!r}, not {name!r}"
-                )
+        def tx(c: Connection) -> Version | tuple[int, str]:
             # Lock the subtask before the run: merges of one subtask queue here
             # on PostgreSQL, so the check below sees any merge that committed
             # first. (SQLite's BEGIN IMMEDIATE already serializes everything.)
             # Always subtask-then-run, so no two merges can deadlock.
-            subtask = s.exec(
-                select(Subtask).where(col(Subtask.id) == attempt.subtask_id).with_for_update()
-            ).one()
+            row = c.execute(
+                select(
+                    _ATT.c.run,
+                    _ATT.c.subtask_id,
+                    _ATT.c.epoch,
+                    _ATT.c.state,
+                    _ATT.c.finished_at,
+                    _SUB.c.merged_version,
+                )
+                .join_from(_ATT, _SUB, _SUB.c.id == _ATT.c.subtask_id)
+                .where(_ATT.c.id == attempt_id)
+                .with_for_update(of=_SUB)
+            ).first()
+            if row is None:
+                raise LedgerError(f"no attempt {attempt_id!r} in ledger {self._display}")
+            if row.run != name:
+                raise LedgerError(f"attempt {attempt_id} belongs to run {row.run!r}, not {name!r}")
             now = utcnow()
-            if subtask.merged_version is not None:
-                _mark_duplicate(attempt, subtask.merged_version, now)
+            if row.merged_version is not None:
                 # Committed, then AlreadyMerged below.
-                return subtask.merged_version, attempt.state
-            cas = s.exec(
-                update(Run)
-                .where(col(Run.name) == name, col(Run.head_version) == expected_head)
+                return _mark_duplicate(c, attempt_id, row.state, row.merged_version, now)
+            # The subtask and attempt rows first (the subtask is locked already),
+            # the run row last: every merger of the run waits for that row, so
+            # it is held only for the CAS, the version insert and the commit.
+            merged = {"state": "merged"} | ({} if row.finished_at else {"finished_at": now})
+            c.execute(update(_ATT).where(_ATT.c.id == attempt_id).values(merged))
+            c.execute(
+                update(_SUB)
+                .where(_SUB.c.id == row.subtask_id)
+                .values(state="merged", merged_version=new, reason=None)
+            )
+            cas = c.execute(
+                update(_RUN)
+                .where(_RUN.c.name == name, _RUN.c.head_version == expected_head)
                 .values(head_version=new, updated_at=now)
-                .execution_options(synchronize_session=False)
             )
             if cas.rowcount != 1:
-                run = self._get_run(s, name)
+                run = self._get_run(c, name)
                 raise HeadConflict(
                     f"head of run {name!r} is v{run.head_version}, not v{expected_head}: "
                     "re-read the head, merge onto it and retry"
@@ -685,26 +598,20 @@ class Ledger:
                 run=name,
                 number=new,
                 parent=expected_head,
-                subtask_id=subtask.id,
-                attempt_id=attempt.id,
-                epoch=attempt.epoch,
+                subtask_id=row.subtask_id,
+                attempt_id=attempt_id,
+                epoch=row.epoch,
                 alpha=alpha,
                 staleness=staleness,
                 uri=uri,
                 checksum=checksum,
                 created_at=now,
             )
-            s.add(version)
             try:
-                s.flush()
+                values = version.model_dump(exclude={"id"})
+                version.id = c.execute(insert(_VER).values(values).returning(_VER.c.id)).scalar()
             except IntegrityError as exc:
                 raise _LostRace() from exc
-            attempt.state = "merged"
-            if attempt.finished_at is None:
-                attempt.finished_at = now
-            subtask.state = "merged"
-            subtask.merged_version = new
-            subtask.reason = None
             return version
 
         def conflict() -> LedgerError:
@@ -714,7 +621,7 @@ class Ledger:
             )
 
         try:
-            result = self._write(tx, on_transient=conflict)
+            result = self._db.write(tx, on_transient=conflict)
         except _LostRace as race:
             merged = self._after_lost_race(attempt_id)
             if merged is None:
@@ -739,19 +646,18 @@ class Ledger:
         violation was something else.
         """
 
-        def tx(s: Session) -> tuple[int, str] | None:
-            attempt = self._get_attempt(s, attempt_id)
-            version = s.exec(
-                select(Version).where(
-                    col(Version.run) == attempt.run, col(Version.subtask_id) == attempt.subtask_id
+        def tx(c: Connection) -> tuple[int, str] | None:
+            attempt = self._get_attempt(c, attempt_id)
+            number = c.execute(
+                select(_VER.c.number).where(
+                    _VER.c.run == attempt.run, _VER.c.subtask_id == attempt.subtask_id
                 )
-            ).first()
-            if version is None:
+            ).scalar()
+            if number is None:
                 return None
-            _mark_duplicate(attempt, version.number, utcnow())
-            return version.number, attempt.state
+            return _mark_duplicate(c, attempt_id, attempt.state, number, utcnow())
 
-        return self._write(tx)
+        return self._db.write(tx)
 
     # -- evaluations ----------------------------------------------------------
 
@@ -767,8 +673,8 @@ class Ledger:
     ) -> Evaluation:
         """Record the accuracy and loss of version ``version`` on ``split``."""
 
-        def tx(s: Session) -> Evaluation:
-            self._get_version(s, name, version)
+        def tx(c: Connection) -> Evaluation:
+            self._get_version(c, name, version)
             evaluation = Evaluation(
                 run=name,
                 version=version,
@@ -779,27 +685,16 @@ class Ledger:
                 samples=samples,
                 created_at=utcnow(),
             )
-            s.add(evaluation)
+            values = evaluation.model_dump(exclude={"id"})
+            evaluation.id = c.execute(insert(_EVAL).values(values).returning(_EVAL.c.id)).scalar()
             return evaluation
 
-        return self._write(tx)
+        return self._db.write(tx)
 
     def evaluations(self, name: str) -> list[Evaluation]:
         """The run's evaluations in the order they were recorded."""
-
-        def tx(s: Session) -> list[Evaluation]:
-            rows = list(
-                s.exec(
-                    select(Evaluation)
-                    .where(col(Evaluation.run) == name)
-                    .order_by(col(Evaluation.id))
-                ).all()
-            )
-            if not rows:
-                self._get_run(s, name)
-            return rows
-
-        return self._read(tx)
+        stmt = select(_EVAL).where(_EVAL.c.run == name).order_by(_EVAL.c.id)
+        return self._db.read(lambda c: self._rows_of_run(c, Evaluation, stmt, name))
 
     # -- the driver lease -----------------------------------------------------
 
@@ -814,46 +709,44 @@ class Ledger:
         now = utcnow()
         expires = now + timedelta(seconds=ttl_seconds)
 
-        def tx(s: Session) -> None:
-            cas = s.exec(
-                update(Run)
+        def tx(c: Connection) -> None:
+            cas = c.execute(
+                update(_RUN)
                 .where(
-                    col(Run.name) == name,
+                    _RUN.c.name == name,
                     or_(
-                        col(Run.lease_owner).is_(None),
-                        col(Run.lease_owner) == owner,
-                        col(Run.lease_expires).is_(None),
-                        col(Run.lease_expires) <= now,
+                        _RUN.c.lease_owner.is_(None),
+                        _RUN.c.lease_owner == owner,
+                        _RUN.c.lease_expires.is_(None),
+                        _RUN.c.lease_expires <= now,
                     ),
                 )
                 .values(lease_owner=owner, lease_expires=expires)
-                .execution_options(synchronize_session=False)
             )
             if cas.rowcount == 1:
                 return
-            run = self._get_run(s, name)
+            run = self._get_run(c, name)
             until = run.lease_expires.isoformat(timespec="seconds") if run.lease_expires else "?"
             raise LeaseHeld(
                 f"run {name!r} is being driven by {run.lease_owner} until {until}; wait for "
                 "it to finish, or stop that process and retry once its lease has expired"
             )
 
-        self._write(tx)
+        self._db.write(tx)
 
     def release_lease(self, name: str, owner: str) -> None:
         """Give up ``owner``'s lease on the run; a no-op if ``owner`` does not hold it."""
 
-        def tx(s: Session) -> None:
-            cas = s.exec(
-                update(Run)
-                .where(col(Run.name) == name, col(Run.lease_owner) == owner)
+        def tx(c: Connection) -> None:
+            cas = c.execute(
+                update(_RUN)
+                .where(_RUN.c.name == name, _RUN.c.lease_owner == owner)
                 .values(lease_owner=None, lease_expires=None)
-                .execution_options(synchronize_session=False)
             )
             if cas.rowcount == 0:
-                self._get_run(s, name)
+                self._check_run(c, name)
 
-        self._write(tx)
+        self._db.write(tx)
 
 
 def _check_json(name: str, config: str) -> None:
@@ -863,37 +756,20 @@ def _check_json(name: str, config: str) -> None:
         raise LedgerError(f"config of run {name!r} is not JSON text: {exc}") from exc
 
 
-def _mark_duplicate(attempt: Attempt, merged_version: int, now: datetime) -> None:
-    if attempt.state == "merged":
-        return  # the winner itself, merged again by a retrying caller: it stays merged
-    attempt.state = "duplicate"
-    attempt.reason = f"subtask already merged as v{merged_version}"
-    if attempt.finished_at is None:
-        attempt.finished_at = now
-
-
-def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
-    # Take transaction control away from pysqlite, so the begin hook below can
-    # emit BEGIN IMMEDIATE itself (the recipe in SQLAlchemy's pysqlite docs).
-    dbapi_connection.isolation_level = None
-    cursor = dbapi_connection.cursor()
-    try:
-        cursor.execute("PRAGMA busy_timeout = 30000")
-        # WAL: readers do not block the writer nor it them. Synchronous stays
-        # FULL (the default): a preempted machine is a power cut, and a merge
-        # that was reported committed must stay committed.
-        cursor.execute("PRAGMA journal_mode = WAL")
-        cursor.execute("PRAGMA foreign_keys = ON")
-    finally:
-        cursor.close()
-
-
-def _sqlite_on_begin(conn: Connection) -> None:
-    # Writes take the write lock up front: a deferred BEGIN that reads and then
-    # writes cannot wait for the lock (SQLite fails it at once to avoid a
-    # deadlock), which gives "database is locked" under contention despite the
-    # busy timeout (STACK-NOTES). Read-only sessions keep a deferred BEGIN.
-    if conn.get_execution_options().get(_READ_ONLY):
-        conn.exec_driver_sql("BEGIN")
-    else:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+def _mark_duplicate(
+    c: Connection, attempt_id: str, state: str, merged_version: int, now: datetime
+) -> tuple[int, str]:
+    """Record the attempt as a duplicate of ``merged_version``; that number and its state."""
+    if state == "merged":
+        # The winner itself, merged again by a retrying caller: it stays merged.
+        return merged_version, state
+    c.execute(
+        update(_ATT)
+        .where(_ATT.c.id == attempt_id)
+        .values(
+            state="duplicate",
+            reason=f"subtask already merged as v{merged_version}",
+            finished_at=func.coalesce(_ATT.c.finished_at, literal(now, _ATT.c.finished_at.type)),
+        )
+    )
+    return merged_version, "duplicate"

@@ -1,0 +1,127 @@
+"""Acceptance: a run survives ≥10 worker SIGKILLs, ≥3 preemption notices and a killed driver.
+
+1. A fault-free run of examples/mnist1d.toml gives the reference accuracy.
+2. The same config and seed as a `vcdl train --preempt …` subprocess; once it
+   is part-way through, the driver itself is SIGKILLed.
+3. `vcdl resume` (preemptions continuing) finishes the run.
+Then `vcdl audit` must be clean, the chaos log must show the kills and
+notices, and the accuracy must be within 1.5 points of the fault-free run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vcdl import api
+from vcdl.config import load_config
+from vcdl.ledger import Ledger
+from vcdl.report import audit_run
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "mnist1d.toml"
+
+pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(1800)]
+
+
+def _vcdl(home: Path, *args: str) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PREFECT_HOME=str(home / "prefect"), VCDL_HOME=str(home))
+    return subprocess.Popen(
+        [sys.executable, "-m", "vcdl.cli", *args, "--home", str(home)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # so the test can reap a killed driver's workers
+    )
+
+
+def _events(log: Path) -> dict[str, int]:
+    counts = {"kill": 0, "notice": 0}
+    if log.exists():
+        for line in log.read_text().splitlines():
+            rec = json.loads(line)
+            if rec["outcome"] == "sent":
+                counts[rec["kind"]] += 1
+    return counts
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    """Kill whatever the killed driver left behind (its LocalCluster's workers)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def test_chaos_run_matches_fault_free(prefect_api: None, tmp_path: Path) -> None:
+    reference = api.train(load_config(EXAMPLE, ["run.name=fault-free"]), home=tmp_path / "ff")
+    assert reference["state"] == "completed"
+
+    home = tmp_path / "chaos"
+    log = home / "chaos.jsonl"
+    chaos = ["--preempt", "0.25", "--preempt-notices", "0.3", "--preempt-grace", "2"]
+    driver = _vcdl(home, "train", str(EXAMPLE), "--run", "chaos", *chaos, "--preempt-log", str(log))
+    ledger_url = f"sqlite:///{home / 'ledger.db'}"
+    deadline = time.monotonic() + 900
+    try:
+        while time.monotonic() < deadline:
+            assert driver.poll() is None, driver.stdout.read().decode() if driver.stdout else ""
+            if (home / "ledger.db").exists():
+                run = Ledger(ledger_url).find_run("chaos")
+                if run is not None and run.epochs_completed >= 4:
+                    break
+            time.sleep(1)
+        else:
+            pytest.fail("the chaos run did not reach epoch 4 in time")
+        driver.send_signal(signal.SIGKILL)  # the driver dies mid-run, no cleanup
+        driver.wait(30)
+    finally:
+        _reap(driver)
+    killed_at = Ledger(ledger_url).get_run("chaos")
+    assert killed_at.state == "running"  # nobody got to record an ending
+
+    resumed = _vcdl(
+        home, "resume", "chaos", *chaos, "--preempt-seed", "7", "--preempt-log", str(log)
+    )
+    try:
+        out, _ = resumed.communicate(timeout=900)
+    finally:
+        _reap(resumed)
+    text = out.decode()
+    print(text[-3000:])
+    assert resumed.returncode == 0, text[-3000:]
+
+    status = api.status("chaos", home=home)
+    counts = _events(log)
+    print(
+        "chaos events:",
+        counts,
+        "status:",
+        json.dumps(
+            {
+                k: status[k]
+                for k in (
+                    "attempts",
+                    "kills",
+                    "reissues",
+                    "rejections",
+                    "duplicates",
+                    "mean_staleness",
+                    "goodput",
+                )
+            }
+        ),
+    )
+    assert counts["kill"] >= 10 and counts["notice"] >= 3, counts
+    assert status["state"] == "completed" and status["epochs_completed"] == 10
+    assert audit_run(api.run_ref("chaos", home=home), deep=True) == []
+    gap = abs(reference["test_accuracy"] - status["test_accuracy"])
+    print(f"fault-free {reference['test_accuracy']:.4f}, chaos {status['test_accuracy']:.4f}")
+    assert gap <= 0.015, (reference["test_accuracy"], status["test_accuracy"])

@@ -1,0 +1,103 @@
+"""``python -m vcdl.migrations``: the developer's handle on the ledger's migrations.
+
+    python -m vcdl.migrations revision -m "add attempt.kind"   # autogenerate 000N_*.py
+    python -m vcdl.migrations check                            # models == migrations?
+    python -m vcdl.migrations history
+    python -m vcdl.migrations upgrade --url URL                # what Ledger(URL) does on open
+    python -m vcdl.migrations upgrade --url URL --sql          # print the DDL, run nothing
+    python -m vcdl.migrations current --url URL
+
+``revision`` and ``check`` compare the models in :mod:`vcdl.ledger_models`
+with a database at the head revision: by default a throwaway SQLite file
+built on the spot, or ``--url`` (PostgreSQL reflects types more precisely).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from alembic import command
+from alembic.util import CommandError
+from sqlalchemy import create_engine, pool
+
+from vcdl.errors import LedgerError
+from vcdl.migrations import alembic_config, current_revision, head_revision
+
+
+@contextmanager
+def _database_at_head(url: str | None) -> Iterator[str]:
+    """``url`` upgraded to head, or a temporary SQLite ledger at head."""
+    from vcdl.ledger import Ledger  # the ledger's own locked upgrade path
+
+    with tempfile.TemporaryDirectory(prefix="vcdl-migrations-") as tmp:
+        url = url or f"sqlite:///{Path(tmp) / 'ledger.db'}"
+        Ledger(url).close()
+        yield url
+
+
+def _next_rev_id() -> str:
+    from vcdl.migrations import _scripts
+
+    numbers = [int(s.revision) for s in _scripts().walk_revisions() if s.revision.isdigit()]
+    return f"{max(numbers, default=0) + 1:04d}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m vcdl.migrations", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    rev = sub.add_parser("revision", help="write a new revision from the model changes")
+    rev.add_argument("-m", "--message", required=True)
+    rev.add_argument("--empty", action="store_true", help="no autogenerate: an empty revision")
+    rev.add_argument("--url", help="compare against this database (default: temporary SQLite)")
+    chk = sub.add_parser("check", help="fail if the models differ from the migrations")
+    chk.add_argument("--url", help="compare against this database (default: temporary SQLite)")
+    sub.add_parser("history", help="list the revisions")
+    up = sub.add_parser("upgrade", help="upgrade a ledger to head")
+    up.add_argument("--url", required=True)
+    up.add_argument("--sql", action="store_true", help="print the DDL instead of running it")
+    cur = sub.add_parser("current", help="the revision a ledger is at")
+    cur.add_argument("--url", required=True)
+    args = p.parse_args(argv)
+
+    try:
+        if args.command == "revision":
+            rev_id = _next_rev_id()
+            if args.empty:
+                command.revision(alembic_config(), message=args.message, rev_id=rev_id)
+            else:
+                with _database_at_head(args.url) as url:
+                    cfg = alembic_config(url=url)
+                    command.revision(cfg, message=args.message, autogenerate=True, rev_id=rev_id)
+            print("review it, then add a test; see vcdl/migrations/README.md")
+        elif args.command == "check":
+            with _database_at_head(args.url) as url:
+                command.check(alembic_config(url=url))
+        elif args.command == "history":
+            command.history(alembic_config())
+        elif args.command == "upgrade" and args.sql:
+            command.upgrade(alembic_config(url=args.url), "head", sql=True)
+        elif args.command == "upgrade":
+            from vcdl.ledger import Ledger
+
+            with Ledger(args.url) as ledger:
+                print(f"{ledger.display_url} is at {head_revision()} (head)")
+        elif args.command == "current":
+            engine = create_engine(args.url, poolclass=pool.NullPool)
+            try:
+                with engine.connect() as conn:
+                    print(current_revision(conn) or "no alembic_version table")
+            finally:
+                engine.dispose()
+    except (CommandError, LedgerError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
