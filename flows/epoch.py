@@ -17,6 +17,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+import dask
 from distributed import KilledWorker
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -129,10 +130,12 @@ class EpochDriver:
     def submit(self, key: Key) -> None:
         self.submitted[key] = self.submitted.get(key, 0) + 1
         epoch, shard = key
-        fut = train_shard.with_options(
-            task_run_name=f"epoch {epoch} · shard {shard} · attempt {self.submitted[key]}",
-            tags=[f"run:{self.ref.run}", f"epoch:{epoch}"],
-        ).submit(self.ref, self.cfg, epoch, shard, self.base if epoch == self.epoch else None)
+        # Dask resources (e.g. GPU=1) ride on the task as an annotation.
+        with dask.annotate(resources=dict(self.cfg.cluster.task_resources) or None):
+            fut = train_shard.with_options(
+                task_run_name=f"epoch {epoch} · shard {shard} · attempt {self.submitted[key]}",
+                tags=[f"run:{self.ref.run}", f"epoch:{epoch}"],
+            ).submit(self.ref, self.cfg, epoch, shard, self.base if epoch == self.epoch else None)
         self.pending[fut] = key
 
     def reissue(self, key: Key, reason: str) -> None:

@@ -78,6 +78,12 @@ class TrainSection(_Section):
     momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum.")
     weight_decay: float = Field(0.0, ge=0, description="Weight decay.")
     threads: int = Field(1, ge=1, le=256, description="torch threads per attempt.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where an attempt trains: auto = CUDA when the worker has it."
+    )
+    amp: bool = Field(
+        False, description="Mixed precision (bfloat16 autocast) on CUDA; ignored on CPU."
+    )
 
 
 class MergeSection(_Section):
@@ -130,6 +136,11 @@ class ClusterSection(_Section):
     workers: int = Field(2, ge=1, le=1024, description="LocalCluster worker processes.")
     threads_per_worker: int = Field(1, ge=1, le=256, description="Dask threads per worker.")
     memory_limit: str = Field("4GiB", description="Memory limit per LocalCluster worker.")
+    task_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Dask resources each shard task requests, e.g. {GPU = 1}: it then runs "
+        "only on workers started with `dask worker --resources GPU=1`.",
+    )
 
 
 class StoreSection(_Section):

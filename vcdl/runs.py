@@ -128,7 +128,7 @@ def evaluate_version(
     number, state = load_version(ref, number)
     x, y = read_rows(store, name, split)
     model = new_model(cfg, info)
-    accuracy, loss = evaluate(model, state, x, y, cfg.data.eval_batch_size)
+    accuracy, loss = evaluate(model, state, x, y, cfg.data.eval_batch_size, cfg.train.device)
     return ref.ledger().record_evaluation(
         ref.run,
         number,

@@ -51,15 +51,28 @@ def make_optimizer(params: list[nn.Parameter], cfg: TrainSection) -> torch.optim
     return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
-def _as_tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+def resolve_device(device: str = "auto") -> torch.device:
+    """The torch device for an attempt: CUDA if asked for (or available under auto)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device = 'cuda' but this worker has no usable CUDA device")
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def _as_tensors(
+    x: np.ndarray, y: np.ndarray, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
     yt = torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64))
+    if device is not None and device.type != "cpu":
+        xt, yt = xt.to(device), yt.to(device)
     return xt, yt
 
 
 def snapshot(model: nn.Module) -> StateDict:
-    """A detached copy of the model's state (parameters and buffers)."""
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    """A detached CPU copy of the model's state (parameters and buffers)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
 def train_attempt(
@@ -78,13 +91,18 @@ def train_attempt(
     """
     if len(x) != len(y):
         raise ValueError(f"x has {len(x)} rows but y has {len(y)}")
+    device = resolve_device(cfg.device)
     model.load_state_dict(base)
+    model.to(device)
     model.train()
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
-    xt, yt = _as_tensors(x, y)
+    xt, yt = _as_tensors(x, y, device)
     n = len(xt)
     opt = make_optimizer([p for p in model.parameters() if p.requires_grad], cfg)
+    # bfloat16 autocast needs no loss scaling; on CPU it stays off (no speed-up
+    # for these models and it would change the numerics of CPU runs).
+    amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.amp and device.type == "cuda")
     total_loss = 0.0
     samples = 0
     interrupted = False
@@ -95,9 +113,10 @@ def train_attempt(
             if should_stop is not None and should_stop():
                 interrupted = True
                 break
-            idx = order[i : i + cfg.batch_size]
+            idx = order[i : i + cfg.batch_size].to(device)
             opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(xt[idx]), yt[idx])
+            with amp:
+                loss = F.cross_entropy(model(xt[idx]), yt[idx])
             loss.backward()
             opt.step()
             total_loss += float(loss.detach()) * len(idx)
@@ -117,14 +136,21 @@ def train_attempt(
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, state: StateDict, x: np.ndarray, y: np.ndarray, batch_size: int = 1000
+    model: nn.Module,
+    state: StateDict,
+    x: np.ndarray,
+    y: np.ndarray,
+    batch_size: int = 1000,
+    device_name: str = "cpu",
 ) -> tuple[float, float]:
     """Accuracy and mean cross-entropy of ``state`` on ``(x, y)``."""
     if len(x) == 0:
         raise ValueError("cannot evaluate on an empty split")
+    device = resolve_device(device_name)
     model.load_state_dict(state)
+    model.to(device)
     model.eval()
-    xt, yt = _as_tensors(x, y)
+    xt, yt = _as_tensors(x, y, device)
     correct = 0
     loss = 0.0
     for i in range(0, len(xt), batch_size):

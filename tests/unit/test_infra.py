@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 
 from vcdl.config import parse_config
-from vcdl.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 INFRA = REPO / "infra"
@@ -359,7 +358,7 @@ def _toml_blocks(path: Path) -> list[str]:
 
 
 def test_spot_fleet_run_config_is_valid_today() -> None:
-    blocks = [b for b in _toml_blocks(SPOT_DOC) if "PLANNED" not in b]
+    blocks = [b for b in _toml_blocks(SPOT_DOC) if "task_resources" not in b]
     assert blocks
     for block in blocks:
         cfg = parse_config(tomllib.loads(block))
@@ -372,11 +371,9 @@ def test_spot_fleet_run_config_is_valid_today() -> None:
         parse_config(tomllib.loads(block))
 
 
-def test_spot_fleet_planned_keys_are_not_in_the_config_yet() -> None:
-    # The doc calls these keys planned; once vcdl/config.py accepts one, the
-    # doc must say how to use it instead.
-    (planned,) = [b for b in _toml_blocks(SPOT_DOC) if "PLANNED" in b]
-    for section, values in tomllib.loads(planned).items():
-        for key, value in values.items():
-            with pytest.raises(ConfigError, match="unknown key"):
-                parse_config({section: {key: value}})
+def test_spot_fleet_gpu_keys_are_accepted() -> None:
+    # The doc's GPU example must be a valid run config with what it shows.
+    (block,) = [b for b in _toml_blocks(SPOT_DOC) if "task_resources" in b]
+    cfg = parse_config(tomllib.loads(block))
+    assert cfg.cluster.task_resources == {"GPU": 1}
+    assert cfg.train.device == "auto" and cfg.train.amp
