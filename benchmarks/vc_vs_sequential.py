@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -92,7 +93,7 @@ def main() -> None:
     p.add_argument("--config", default=str(REPO / "examples" / "mnist1d.toml"))
     p.add_argument("--quick", action="store_true", help="8 000 samples, 3 epochs")
     p.add_argument("--epochs", type=int)
-    p.add_argument("--home", help="state directory (default: a temporary one)")
+    p.add_argument("--repeats", type=int, default=1, help="runs; figures are medians")
     args = p.parse_args()
     overrides = ["run.name=bench-vc-vs-seq"]
     if args.quick:
@@ -100,16 +101,41 @@ def main() -> None:
     if args.epochs:
         overrides.append(f"run.epochs={args.epochs}")
     cfg = load_config(args.config, overrides)
-    with tempfile.TemporaryDirectory(prefix="vcdl-bench-") as tmp:
-        out = compare(cfg, Path(args.home or tmp))
+    runs = []
+    for i in range(args.repeats):
+        with tempfile.TemporaryDirectory(prefix="vcdl-bench-") as tmp:
+            out = compare(cfg, Path(tmp))
+        runs.append(out)
+        print(f"run {i + 1}/{args.repeats}: {json.dumps(out)}", flush=True)
+    med = {
+        key: statistics.median(r[key] for r in runs)
+        for key in ("gap_points", "vcdl_wall_seconds", "sequential_train_seconds")
+    }
+    vc_curve = [statistics.median(c) for c in zip(*(r["vcdl_accuracy"] for r in runs), strict=True)]
+    seq_curve = [
+        statistics.median(c) for c in zip(*(r["sequential_accuracy"] for r in runs), strict=True)
+    ]
+    print(f"medians of {len(runs)} run(s):")
     print(f"{'epoch':>5} {'vcdl':>8} {'sequential':>10}")
-    for i, (a, b) in enumerate(zip(out["vcdl_accuracy"], out["sequential_accuracy"], strict=True)):
+    for i, (a, b) in enumerate(zip(vc_curve, seq_curve, strict=True)):
         print(f"{i + 1:>5} {a:8.4f} {b:10.4f}")
     print(
-        f"after {out['epochs']} epochs: vcdl {out['vcdl_accuracy'][-1]:.4f}, sequential "
-        f"{out['sequential_accuracy'][-1]:.4f}, gap {out['gap_points']:+.2f} points"
+        f"after {cfg.run.epochs} epochs: vcdl {vc_curve[-1]:.4f}, sequential {seq_curve[-1]:.4f}, "
+        f"gap {med['gap_points']:+.2f} points; vcdl wall {med['vcdl_wall_seconds']:.0f}s "
+        "(incl. Prefect and cluster start), sequential training "
+        f"{med['sequential_train_seconds']:.0f}s"
     )
-    print(json.dumps(out))
+    print(
+        json.dumps(
+            {
+                "benchmark": "vc_vs_sequential",
+                "repeats": len(runs),
+                "vcdl_accuracy": vc_curve,
+                "sequential_accuracy": seq_curve,
+                **med,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":
