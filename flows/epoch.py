@@ -13,6 +13,7 @@ unmerged are merged now (never trained again), and only the rest is submitted.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +24,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture, as_completed
 
+from flows.reporting import ProgressUpdater
 from vcdl.assimilator import MERGEABLE_ATTEMPT_STATES, HeadCache, merge_attempt
 from vcdl.attempt import TERMINAL_SUBTASK_STATES, run_attempt
 from vcdl.config import RunConfig
@@ -36,7 +38,15 @@ DEFERRED = "deferred"
 POLL_SECONDS = 2.0
 
 
-@task(name="train-shard", retries=1, retry_delay_seconds=1, cache_policy=NO_CACHE)
+# persist_result=False: results are small dicts the driver consumes at once;
+# persisting them would write files on every (spot) worker.
+@task(
+    name="train-shard",
+    retries=1,
+    retry_delay_seconds=1,
+    cache_policy=NO_CACHE,
+    persist_result=False,
+)
 def train_shard(
     ref: RunRef, config: RunConfig, epoch: int, shard: int, base_version: int | None = None
 ) -> dict[str, Any]:
@@ -47,7 +57,9 @@ def train_shard(
     return run_attempt(ref, epoch, shard, base_version, notice_received, config).to_dict()
 
 
-@task(name="evaluate", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@task(
+    name="evaluate", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, persist_result=False
+)
 def evaluate_head(ref: RunRef, config: RunConfig, version: int, epoch: int) -> dict[str, Any]:
     """Evaluate a version on the test split and record it in the ledger."""
     ev = evaluate_version(ref, config, version, epoch=epoch)
@@ -73,8 +85,16 @@ def _set_task_run_state(future: PrefectFuture[Any], kind: str, message: str) -> 
 class EpochDriver:
     """Drives one epoch to its barrier; every decision is recorded in the ledger."""
 
-    def __init__(self, ref: RunRef, cfg: RunConfig, epoch: int, final: bool) -> None:
+    def __init__(
+        self,
+        ref: RunRef,
+        cfg: RunConfig,
+        epoch: int,
+        final: bool,
+        progress_id: str | None = None,
+    ) -> None:
         self.ref, self.cfg, self.epoch, self.final = ref, cfg, epoch, final
+        self.progress = ProgressUpdater(ref, progress_id, cfg.run.epochs, cfg.data.shards)
         self.ledger = ref.ledger()
         self.log = get_run_logger()
         self.cache = HeadCache()
@@ -131,7 +151,8 @@ class EpochDriver:
         self.submitted[key] = self.submitted.get(key, 0) + 1
         epoch, shard = key
         # Dask resources (e.g. GPU=1) ride on the task as an annotation.
-        with dask.annotate(resources=dict(self.cfg.cluster.task_resources) or None):
+        resources = dict(self.cfg.cluster.task_resources)
+        with dask.annotate(resources=resources) if resources else contextlib.nullcontext():
             fut = train_shard.with_options(
                 task_run_name=f"epoch {epoch} · shard {shard} · attempt {self.submitted[key]}",
                 tags=[f"run:{self.ref.run}", f"epoch:{epoch}"],
@@ -162,6 +183,7 @@ class EpochDriver:
             if reissue_on_reject:
                 self.reissue(key, f"rejected: {outcome.reason}")
         elif outcome.kind == "merged":
+            self.progress()
             self.log.info(
                 "epoch %d shard %d merged as v%s (alpha %.3f, staleness %s)",
                 key[0],
@@ -301,6 +323,7 @@ class EpochDriver:
             .result()
         )
         self.ledger.update_run(self.ref.run, epochs_completed=self.epoch + 1)
+        self.progress(force=True)
         self.log.info(
             "epoch %d done in %.1fs: head v%d, test accuracy %.4f",
             self.epoch,
@@ -317,6 +340,16 @@ class EpochDriver:
 
 
 @flow(name="vcdl-epoch")
-def epoch_flow(ref: RunRef, config: RunConfig, epoch: int, final: bool = False) -> dict[str, Any]:
-    """Run every unfinished shard of one epoch and merge each result as it lands."""
-    return EpochDriver(ref, config, epoch, final).run()
+def epoch_flow(
+    ref: RunRef,
+    config: RunConfig,
+    epoch: int,
+    final: bool = False,
+    progress_id: str | None = None,
+) -> dict[str, Any]:
+    """Run every unfinished shard of one epoch and merge each result as it lands.
+
+    ``progress_id`` is the run's progress artifact (see flows/reporting.py),
+    updated as shards are merged.
+    """
+    return EpochDriver(ref, config, epoch, final, progress_id).run()
