@@ -1,0 +1,292 @@
+"""Unit tests for vcdl.cost: price tables, attempt cost, the cost summary."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vcdl.cost import (
+    PriceTable,
+    attempt_cost,
+    attempt_seconds,
+    cost_summary,
+    default_prices,
+    format_cost,
+    instance_for,
+    load_prices,
+    outcome,
+    parse_prices,
+)
+from vcdl.errors import ConfigError
+from vcdl.ledger import ATTEMPT_STATES, Attempt
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+PROPS = settings(max_examples=60, deadline=None)
+
+TABLE = parse_prices(
+    {
+        "meta": {"as_of": "test"},
+        "instance": {
+            "cheap": {"on_demand": 1.0, "spot": 0.3},
+            "big": {"on_demand": 4.0, "spot": 2.0},
+        },
+    }
+)
+
+
+def attempt(
+    state: str = "merged",
+    seconds: float | None = 3600.0,
+    *,
+    epoch: int = 0,
+    worker: str = "tcp://10.0.0.1:1",
+    samples: int | None = 100,
+    start: float = 0.0,
+) -> Attempt:
+    started = T0 + timedelta(seconds=start)
+    return Attempt(
+        run="r",
+        subtask_id=1,
+        epoch=epoch,
+        shard=0,
+        number=1,
+        worker=worker,
+        base_version=0,
+        state=state,
+        samples=samples,
+        started_at=started,
+        finished_at=None if seconds is None else started + timedelta(seconds=seconds),
+    )
+
+
+def summary(attempts: list[Attempt], **kw: Any) -> dict[str, Any]:
+    args: dict[str, Any] = {"until": T0 + timedelta(hours=10), "run_ended": True}
+    args |= kw
+    args.setdefault("instance_type", "cheap")
+    return cost_summary(attempts, TABLE, **args)
+
+
+# -- prices ---------------------------------------------------------------------
+
+
+def test_default_prices_are_sane_and_dated() -> None:
+    table = default_prices()
+    for kind in ("g4dn.xlarge", "g5.xlarge", "g6.xlarge", "p3.2xlarge", "a2-highgpu-1g"):
+        price = table[kind]
+        assert 0 < price.spot < price.on_demand
+        assert 0.3 < price.discount < 0.9
+    assert table.as_of and "pricing" in table.source
+    assert table.currency == "USD"
+    assert load_prices().prices == table.prices
+
+
+def test_user_file_overrides_and_extends(tmp_path: Path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text(
+        '[meta]\nas_of = "2030-01-01"\n'
+        '[instance."g4dn.xlarge"]\nspot = 0.1\n'
+        '[instance."home-gpu"]\non_demand = 0.5\nspot = 0.05\nnote = "electricity"\n'
+    )
+    table = load_prices(path)
+    assert table["g4dn.xlarge"].spot == 0.1
+    assert table["g4dn.xlarge"].on_demand == default_prices()["g4dn.xlarge"].on_demand
+    assert table["home-gpu"].discount == pytest.approx(0.9)
+    assert "g5.xlarge" in table and table.as_of == "2030-01-01"
+    # Without the defaults, the partial g4dn.xlarge entry has no on_demand price.
+    with pytest.raises(ConfigError, match=r"g4dn.xlarge.*missing \['on_demand'\]"):
+        load_prices(path, defaults=False)
+    alone = tmp_path / "alone.toml"
+    alone.write_text('[instance."home-gpu"]\non_demand = 0.5\nspot = 0.05\n')
+    only = load_prices(alone, defaults=False)
+    assert list(only.prices) == ["home-gpu"] and only.as_of == ""
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"on_demand": -1.0, "spot": 0.1}, "non-negative"),
+        ({"on_demand": 1.0, "spot": -0.1}, "non-negative"),
+        ({"on_demand": 1.0, "spot": math.nan}, "finite"),
+        ({"on_demand": 1.0, "spot": math.inf}, "finite"),
+        ({"on_demand": "1.0", "spot": 0.1}, "must be a number"),
+        ({"on_demand": True, "spot": 0.1}, "must be a number"),
+        ({"on_demand": 0, "spot": 0}, "must be > 0"),
+        ({"on_demand": 1.0}, "missing"),
+        ({"on_demand": 1.0, "spot": 0.5, "sopt": 0.4}, "unknown field"),
+        ({"on_demand": 1.0, "spot": 0.5, "region": 3}, "region must be a string"),
+    ],
+)
+def test_bad_price_entries_are_config_errors(entry: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_prices({"instance": {"x": entry}}, "bad.toml")
+
+
+def test_bad_documents_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown table"):
+        parse_prices({"instances": {}})
+    with pytest.raises(ConfigError, match=r"\[meta\]"):
+        parse_prices({"meta": {"date": "x"}})
+    with pytest.raises(ConfigError, match="not found"):
+        load_prices(tmp_path / "nope.toml")
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[instance\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_prices(broken)
+    with pytest.raises(ConfigError, match=r"no price for instance type 'tpu'.*known: big, cheap"):
+        TABLE["tpu"]
+
+
+def test_spot_above_on_demand_is_allowed_with_a_warning() -> None:
+    with pytest.warns(UserWarning, match="savings will be negative"):
+        table = parse_prices({"instance": {"x": {"on_demand": 1.0, "spot": 1.2}}})
+    assert table["x"].discount == pytest.approx(-0.2)
+
+
+def test_default_file_loads_without_warnings() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        default_prices()
+
+
+# -- attempts -------------------------------------------------------------------
+
+
+def test_instance_for_first_matching_glob_wins() -> None:
+    types = {"tcp://10.0.1.*": "big", "tcp://10.0.*": "cheap"}
+    assert instance_for("tcp://10.0.1.7:4000", "x", types) == "big"
+    assert instance_for("tcp://10.0.2.7:4000", "x", types) == "cheap"
+    assert instance_for("tcp://192.168.0.1:1", "x", types) == "x"
+    assert instance_for("anything", "x", None) == "x"
+
+
+@PROPS
+@given(
+    a=st.floats(0, 1e7, allow_nan=False),
+    b=st.floats(0, 1e7, allow_nan=False),
+    price=st.floats(0, 100, allow_nan=False),
+)
+def test_attempt_cost_is_monotone_in_seconds(a: float, b: float, price: float) -> None:
+    lo, hi = sorted((a, b))
+    assert 0 <= attempt_cost(lo, price) <= attempt_cost(hi, price)
+
+
+def test_attempt_cost_values_and_errors() -> None:
+    assert attempt_cost(3600, 0.526) == pytest.approx(0.526)
+    assert attempt_cost(90, 2.0) == pytest.approx(0.05)
+    for bad in ((-1, 1.0), (1, -1.0), (math.nan, 1.0), (1, math.inf)):
+        with pytest.raises(ValueError):
+            attempt_cost(*bad)
+
+
+def test_attempt_seconds_upper_bound_and_clamp() -> None:
+    until = T0 + timedelta(seconds=500)
+    assert attempt_seconds(attempt(seconds=120), until) == (120.0, False)
+    assert attempt_seconds(attempt(seconds=None, start=100), until) == (400.0, True)
+    assert attempt_seconds(attempt(seconds=None, start=900), until) == (0.0, True)
+    assert attempt_seconds(attempt(seconds=-5), until) == (0.0, False)
+
+
+def test_every_attempt_state_has_an_outcome() -> None:
+    for state in ATTEMPT_STATES:
+        assert outcome(state, run_ended=True) in ("useful", "waste")
+        assert outcome(state, run_ended=False) in ("useful", "waste", "pending")
+    assert outcome("merged", True) == "useful"
+    assert outcome("finished", False) == "pending" and outcome("finished", True) == "waste"
+    for state in ("killed", "timeout", "rejected", "duplicate", "failed", "stale"):
+        assert outcome(state, False) == "waste"
+
+
+# -- the summary ----------------------------------------------------------------
+
+seconds_lists = st.lists(st.floats(1, 1e5, allow_nan=False), min_size=1, max_size=20)
+
+
+@PROPS
+@given(seconds=seconds_lists)
+def test_all_merged_means_no_waste_and_savings_equal_the_discount(seconds: list[float]) -> None:
+    s = summary([attempt("merged", t) for t in seconds])
+    assert s["waste_usd"] == 0 and s["waste_share"] == 0
+    assert s["spot_discount"] == pytest.approx(0.7)
+    assert s["realized_savings"] == pytest.approx(0.7)
+    assert s["savings_gap_points"] == pytest.approx(0, abs=1e-9)
+    assert s["total_usd"] == pytest.approx(sum(seconds) / 3600 * 0.3)
+
+
+@PROPS
+@given(useful=seconds_lists, wasted=seconds_lists)
+def test_waste_lowers_realized_savings_below_the_discount(
+    useful: list[float], wasted: list[float]
+) -> None:
+    s = summary([attempt("merged", t) for t in useful] + [attempt("killed", t) for t in wasted])
+    share = sum(wasted) / (sum(useful) + sum(wasted))
+    assert s["waste_share"] == pytest.approx(share)
+    # 1 - spot*(U+W) / (od*U) with spot/od = 0.3
+    expected = 1 - 0.3 * (sum(useful) + sum(wasted)) / sum(useful)
+    assert s["realized_savings"] == pytest.approx(expected)
+    assert s["realized_savings"] < s["spot_discount"] == pytest.approx(0.7)
+    assert s["savings_usd"] == pytest.approx(
+        sum(useful) / 3600 * 1.0 - (sum(useful) + sum(wasted)) / 3600 * 0.3
+    )
+
+
+def test_summary_numbers_by_hand() -> None:
+    attempts = [
+        attempt("merged", 3600, epoch=0, samples=1000),
+        attempt("killed", 1800, epoch=0, samples=None),
+        attempt("duplicate", 3600, epoch=0, worker="tcp://big-1:1", samples=1000),
+        attempt("merged", 7200, epoch=1, worker="tcp://big-2:1", samples=3000),
+        attempt("running", None, epoch=1, start=9 * 3600, samples=None),  # 1 h to `until`
+    ]
+    s = summary(attempts, worker_types={"tcp://big-*": "big"}, run_ended=True)
+    # cheap: 1 h merged + 0.5 h killed + 1 h running(→waste) at 0.3; big: 1 h dup + 2 h merged at 2
+    assert s["total_usd"] == pytest.approx(2.5 * 0.3 + 3 * 2.0)
+    assert s["waste_usd"] == pytest.approx(1.5 * 0.3 + 1 * 2.0)
+    assert s["useful_usd"] == pytest.approx(0.3 + 4.0)
+    assert s["merged_samples"] == 4000
+    assert s["usd_per_merged_sample"] == pytest.approx(6.75 / 4000)
+    assert s["on_demand_equivalent_usd"] == pytest.approx(2.5 * 1.0 + 3 * 4.0)
+    assert s["on_demand_merged_usd"] == pytest.approx(1.0 + 8.0)
+    assert s["realized_savings"] == pytest.approx(1 - 6.75 / 9.0)
+    assert s["spot_discount"] == pytest.approx(1 - 6.75 / 14.5)
+    assert s["upper_bound_seconds"] == pytest.approx(3600)
+    assert set(s["instance_types"]) == {"big", "cheap"}
+    assert s["instance_types"]["big"]["total_usd"] == pytest.approx(6.0)
+    assert s["instance_types"]["cheap"]["discount"] == pytest.approx(0.7)
+    e0, e1 = s["history"]
+    assert (e0["epoch"], e0["attempts"], e0["merged"]) == (0, 3, 1)
+    assert e0["total_usd"] == pytest.approx(0.3 + 0.15 + 2.0)
+    assert e1["waste_usd"] == pytest.approx(0.3)
+
+
+def test_pending_while_running_is_neither_useful_nor_waste() -> None:
+    attempts = [attempt("merged", 3600), attempt("finished", 3600), attempt("running", None)]
+    s = summary(attempts, run_ended=False, until=T0 + timedelta(hours=2))
+    assert s["waste_usd"] == 0
+    assert s["pending_usd"] == pytest.approx(3 * 0.3)
+    assert s["pending_seconds"] == pytest.approx(3600 + 7200)
+    assert s["realized_savings"] == pytest.approx(0.7)  # pending excluded until decided
+
+
+def test_empty_run_and_unknown_types() -> None:
+    s = summary([])
+    assert s["total_usd"] == 0 and s["realized_savings"] is None and s["history"] == []
+    assert "cost in" in format_cost({"run": "r", "state": "created", **s})
+    with pytest.raises(ConfigError, match="no price for instance type 'gpu9'"):
+        summary([attempt()], worker_types={"*": "gpu9"})
+    with pytest.raises(ConfigError, match="no price"):
+        summary([attempt()], instance_type="nope")
+
+
+def test_format_cost_shows_every_figure() -> None:
+    s = summary([attempt("merged", 3600), attempt("killed", 600, samples=None)])
+    text = format_cost({"run": "r1", "state": "completed", "prices_as_of": "test", **s})
+    for needle in ("r1", "spot discount 70.0%", "realized savings", "waste", "cheap", "epoch"):
+        assert needle in text
+    assert isinstance(TABLE, PriceTable)

@@ -1,0 +1,538 @@
+"""What a run cost on spot machines, what it wasted, and what it saved.
+
+This module owns cost accounting: the instance price table
+(:func:`load_prices`, defaults in ``vcdl/prices.toml``), which instance type a
+worker is (:func:`instance_for`), the cost of an attempt
+(:func:`attempt_cost`), and the report of a run built from the ledger
+(:func:`cost_report`, printed by :func:`format_cost`). Pure functions over
+ledger rows; the only I/O is reading the price files and the ledger.
+
+Definitions (every figure in the report follows them):
+
+* **Worker-seconds** of an attempt = its wall time, ``finished_at -
+  started_at``. An attempt with no ``finished_at`` (still running, or
+  SIGKILLed and never recorded) is counted up to ``until`` (default: the
+  run's ``updated_at``, the last time the driver wrote to the run): an
+  **upper bound** of what it ran; ``upper_bound_seconds`` says how many
+  seconds of the total are such estimates. Killed attempts that the driver
+  did record carry the time the loss was *noticed*, also an upper bound.
+  Boot time, idle time between attempts, disks, egress and the driver's own
+  (on-demand) machine are not counted: per attempt, billed time is a lower
+  bound of the instance bill.
+* **Cost** of an attempt = worker-seconds / 3600 × the spot $/hour of its
+  worker's instance type. ``total_usd`` is the sum over every attempt.
+* **Useful** attempts are the ``merged`` ones. **Waste** is every attempt
+  that will never be merged: killed, timeout, rejected, duplicate, failed,
+  stale, and an interrupted partial result that was discarded. While the
+  run is still going (state not ``completed``/``failed``), ``running``,
+  ``finished`` (result awaiting its merge) and ``interrupted`` attempts are
+  **pending**, neither useful nor waste yet; once the run has ended they are
+  waste.
+* **On-demand equivalent** = the same worker-seconds (all of them) at the
+  on-demand price. ``spot_discount = 1 − total_usd / on_demand_equivalent_usd``:
+  the seconds-weighted spot discount of the instance types used, the best
+  savings spot could give.
+* **Realized savings** = ``1 − spot_cost / on_demand_cost_of_merged_work``
+  where ``spot_cost`` is the cost of every decided attempt (useful + waste,
+  pending excluded) and ``on_demand_cost_of_merged_work`` is the wall time of
+  the merged attempts at the on-demand price: what the same useful work
+  would have cost on on-demand machines that are never killed (no retries,
+  no duplicates). ``savings_usd`` is the difference in dollars. With no
+  waste, realized savings equal the spot discount; waste pulls them below
+  it. ``savings_gap_points = 100 × (spot_discount − realized_savings)``
+  measures that loss, e.g. against a target of "realized savings within 5
+  points of the spot discount at the kill schedule".
+
+A merged partial result (``fault.partial = "scale"``) counts as useful at
+its own, shorter, wall time: on-demand would have run the full shard, so
+realized savings are slightly overstated in runs with many notices.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import tomllib
+import warnings
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from importlib import resources
+from pathlib import Path
+from typing import Any, Final
+
+from vcdl.errors import ConfigError
+from vcdl.ledger import Attempt, Ledger
+
+DEFAULT_INSTANCE_TYPE: Final = "g4dn.xlarge"
+
+USEFUL_STATES: Final = frozenset({"merged"})
+# Decided only once the run has ended: until then the attempt may still merge.
+PENDING_STATES: Final = frozenset({"running", "finished", "interrupted"})
+WASTE_STATES: Final = frozenset({"killed", "timeout", "rejected", "duplicate", "failed", "stale"})
+ENDED_RUN_STATES: Final = frozenset({"completed", "failed"})
+
+_PRICE_FIELDS: Final = frozenset({"on_demand", "spot", "provider", "region", "accelerator", "note"})
+_META_FIELDS: Final = frozenset({"as_of", "currency", "source", "note"})
+
+
+# --------------------------------------------------------------------------
+# Prices
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Price:
+    """Spot and on-demand USD per hour of one instance type."""
+
+    instance_type: str
+    on_demand: float
+    spot: float
+    provider: str = ""
+    region: str = ""
+    accelerator: str = ""
+    note: str = ""
+
+    @property
+    def discount(self) -> float:
+        """The spot discount, ``1 − spot / on_demand`` (negative if spot costs more)."""
+        return 1.0 - self.spot / self.on_demand
+
+
+@dataclass(frozen=True)
+class PriceTable:
+    """Prices by instance type, with where and when they were taken."""
+
+    prices: Mapping[str, Price]
+    as_of: str = ""
+    currency: str = "USD"
+    source: str = ""
+    files: tuple[str, ...] = field(default=())
+
+    def __getitem__(self, instance_type: str) -> Price:
+        try:
+            return self.prices[instance_type]
+        except KeyError:
+            raise ConfigError(
+                f"no price for instance type {instance_type!r}; known: "
+                f"{', '.join(sorted(self.prices))}; add it to a prices TOML file "
+                f'([instance."{instance_type}"] on_demand = ..., spot = ...) and pass it '
+                "to load_prices()"
+            ) from None
+
+    def __contains__(self, instance_type: object) -> bool:
+        return instance_type in self.prices
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{what} must be a number of USD per hour, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise ConfigError(f"{what} must be a finite, non-negative USD per hour, got {value!r}")
+    return number
+
+
+def parse_prices(
+    doc: Mapping[str, Any], origin: str = "<prices>", base: PriceTable | None = None
+) -> PriceTable:
+    """The price table of a parsed TOML document, on top of ``base`` if given.
+
+    The document has an optional ``[meta]`` table (``as_of``, ``currency``,
+    ``source``, ``note``) and one ``[instance."TYPE"]`` table per instance type
+    with ``on_demand`` and ``spot`` (USD/hour) and optional ``provider``,
+    ``region``, ``accelerator``, ``note``. An entry for a type already in
+    ``base`` may give only the fields it changes (e.g. today's ``spot``).
+
+    Raises:
+        ConfigError: unknown tables or fields, prices that are not finite
+            non-negative numbers, an on-demand price of 0, a new type without
+            both prices. A spot price above on-demand is allowed (spot prices
+            can briefly exceed it) but warns.
+    """
+    unknown = set(doc) - {"meta", "instance"}
+    if unknown:
+        raise ConfigError(
+            f"{origin}: unknown table(s) {sorted(unknown)}; a prices file has [meta] and "
+            '[instance."TYPE"] tables'
+        )
+    meta = doc.get("meta", {})
+    if not isinstance(meta, Mapping) or set(meta) - _META_FIELDS:
+        raise ConfigError(f"{origin}: [meta] may only hold {sorted(_META_FIELDS)}")
+    instances = doc.get("instance", {})
+    if not isinstance(instances, Mapping):
+        raise ConfigError(f'{origin}: "instance" must be tables [instance."TYPE"]')
+    prices: dict[str, Price] = dict(base.prices) if base else {}
+    for name, entry in instances.items():
+        what = f'{origin}: [instance."{name}"]'
+        if not isinstance(entry, Mapping):
+            raise ConfigError(f"{what} must be a table with on_demand and spot")
+        bad = set(entry) - _PRICE_FIELDS
+        if bad:
+            raise ConfigError(
+                f"{what}: unknown field(s) {sorted(bad)}; allowed {sorted(_PRICE_FIELDS)}"
+            )
+        old = prices.get(name)
+        merged: dict[str, Any] = (
+            {k: getattr(old, k) for k in _PRICE_FIELDS} if old is not None else {}
+        )
+        merged.update(entry)
+        missing = {"on_demand", "spot"} - set(merged)
+        if missing:
+            raise ConfigError(f"{what}: missing {sorted(missing)} (USD per hour)")
+        on_demand = _number(merged["on_demand"], f"{what} on_demand")
+        spot = _number(merged["spot"], f"{what} spot")
+        if on_demand == 0:
+            raise ConfigError(f"{what}: on_demand must be > 0 (savings are relative to it)")
+        for text in ("provider", "region", "accelerator", "note"):
+            if not isinstance(merged.get(text, ""), str):
+                raise ConfigError(f"{what}: {text} must be a string")
+        if spot > on_demand:
+            warnings.warn(
+                f"{what}: spot {spot} > on_demand {on_demand}: savings will be negative",
+                stacklevel=2,
+            )
+        prices[name] = Price(
+            instance_type=name,
+            on_demand=on_demand,
+            spot=spot,
+            provider=merged.get("provider", ""),
+            region=merged.get("region", ""),
+            accelerator=merged.get("accelerator", ""),
+            note=merged.get("note", ""),
+        )
+    for key in ("as_of", "currency", "source"):
+        if key in meta and not isinstance(meta[key], str):
+            raise ConfigError(f"{origin}: [meta] {key} must be a string")
+    return PriceTable(
+        prices=prices,
+        as_of=str(meta.get("as_of", base.as_of if base else "")),
+        currency=str(meta.get("currency", base.currency if base else "USD")),
+        source=str(meta.get("source", base.source if base else "")),
+        files=(*(base.files if base else ()), origin),
+    )
+
+
+def default_prices() -> PriceTable:
+    """The price table shipped with vcdl (``vcdl/prices.toml``)."""
+    text = resources.files("vcdl").joinpath("prices.toml").read_text(encoding="utf-8")
+    return parse_prices(tomllib.loads(text), "vcdl/prices.toml")
+
+
+def load_prices(path: str | Path | None = None, *, defaults: bool = True) -> PriceTable:
+    """The price table: vcdl's defaults, overridden and extended by ``path``.
+
+    With ``defaults=False`` only the file's entries are known.
+
+    Raises:
+        ConfigError: the file is missing, not TOML, or invalid (see
+            :func:`parse_prices`).
+    """
+    base = default_prices() if defaults else None
+    if path is None:
+        if base is None:
+            raise ConfigError("load_prices(defaults=False) needs a prices file")
+        return base
+    p = Path(path).expanduser()
+    try:
+        doc = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"prices file {p} not found") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read prices file {p}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"prices file {p} is not valid TOML: {exc}") from None
+    return parse_prices(doc, str(p), base)
+
+
+# --------------------------------------------------------------------------
+# Attempts
+# --------------------------------------------------------------------------
+
+
+def instance_for(
+    worker: str,
+    instance_type: str = DEFAULT_INSTANCE_TYPE,
+    worker_types: Mapping[str, str] | None = None,
+) -> str:
+    """The instance type of ``worker``: the first glob pattern of ``worker_types`` it matches.
+
+    Patterns are :func:`fnmatch.fnmatchcase` globs on the worker address as the
+    ledger records it (e.g. ``"tcp://10.0.1.*"``), tried in mapping order;
+    no match gives ``instance_type``.
+    """
+    for pattern, kind in (worker_types or {}).items():
+        if fnmatch.fnmatchcase(worker, pattern):
+            return kind
+    return instance_type
+
+
+def attempt_cost(seconds: float, price_per_hour: float) -> float:
+    """USD for ``seconds`` of one machine at ``price_per_hour``."""
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise ValueError(f"seconds must be finite and >= 0, got {seconds!r}")
+    if not (math.isfinite(price_per_hour) and price_per_hour >= 0):
+        raise ValueError(f"price_per_hour must be finite and >= 0, got {price_per_hour!r}")
+    return seconds / 3600.0 * price_per_hour
+
+
+def attempt_seconds(attempt: Attempt, until: datetime) -> tuple[float, bool]:
+    """Wall seconds of ``attempt`` and whether they are an estimate (no ``finished_at``).
+
+    Without ``finished_at`` the attempt is counted up to ``until`` (an upper
+    bound). Clock skew never gives negative time: it is clamped to 0.
+    """
+    end = attempt.finished_at
+    estimated = end is None
+    if end is None:
+        end = until
+    return max(0.0, (end - attempt.started_at).total_seconds()), estimated
+
+
+def outcome(state: str, run_ended: bool) -> str:
+    """``"useful"``, ``"waste"`` or ``"pending"`` for an attempt in ``state``."""
+    if state in USEFUL_STATES:
+        return "useful"
+    if state in PENDING_STATES and not run_ended:
+        return "pending"
+    return "waste"
+
+
+# --------------------------------------------------------------------------
+# The report
+# --------------------------------------------------------------------------
+
+
+class _Tally:
+    """Sums of seconds, spot and on-demand dollars by outcome."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+        self.merged = 0
+        self.samples = 0
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.spot: dict[str, float] = defaultdict(float)
+        self.on_demand: dict[str, float] = defaultdict(float)
+
+    def add(self, kind: str, seconds: float, price: Price, samples: int | None) -> None:
+        self.attempts += 1
+        self.seconds[kind] += seconds
+        self.spot[kind] += attempt_cost(seconds, price.spot)
+        self.on_demand[kind] += attempt_cost(seconds, price.on_demand)
+        if kind == "useful":
+            self.merged += 1
+            self.samples += samples or 0
+
+    def figures(self) -> dict[str, Any]:
+        total = sum(self.spot.values())
+        total_od = sum(self.on_demand.values())
+        decided = self.spot["useful"] + self.spot["waste"]
+        useful_od = self.on_demand["useful"]
+        discount = 1.0 - total / total_od if total_od > 0 else None
+        realized = 1.0 - decided / useful_od if useful_od > 0 else None
+        return {
+            "attempts": self.attempts,
+            "merged": self.merged,
+            "worker_seconds": sum(self.seconds.values()),
+            "merged_seconds": self.seconds["useful"],
+            "waste_seconds": self.seconds["waste"],
+            "pending_seconds": self.seconds["pending"],
+            "total_usd": total,
+            "useful_usd": self.spot["useful"],
+            "waste_usd": self.spot["waste"],
+            "pending_usd": self.spot["pending"],
+            "waste_share": self.spot["waste"] / decided if decided > 0 else None,
+            "merged_samples": self.samples,
+            "usd_per_merged_sample": total / self.samples if self.samples else None,
+            "on_demand_equivalent_usd": total_od,
+            "on_demand_merged_usd": useful_od,
+            "savings_usd": useful_od - decided,
+            "spot_discount": discount,
+            "realized_savings": realized,
+            "savings_gap_points": (
+                100.0 * (discount - realized)
+                if discount is not None and realized is not None
+                else None
+            ),
+        }
+
+
+def cost_summary(
+    attempts: Iterable[Attempt],
+    prices: PriceTable,
+    *,
+    until: datetime,
+    run_ended: bool,
+    instance_type: str = DEFAULT_INSTANCE_TYPE,
+    worker_types: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The cost figures of ``attempts`` (see the module docstring), no ledger needed.
+
+    Returns the run-wide figures plus ``instance_types`` (per type: prices,
+    discount, attempts, seconds, USD) and ``history`` (the same figures per
+    epoch). ``until`` ends attempts without ``finished_at``; ``run_ended``
+    turns pending states into waste.
+
+    Raises:
+        ConfigError: an instance type (default or mapped) has no price.
+    """
+    for kind in {instance_type, *(worker_types or {}).values()}:
+        prices[kind]  # unknown types fail before any arithmetic
+    run = _Tally()
+    per_epoch: dict[int, _Tally] = defaultdict(_Tally)
+    per_type: dict[str, _Tally] = defaultdict(_Tally)
+    estimated = 0.0
+    for a in attempts:
+        kind = instance_for(a.worker, instance_type, worker_types)
+        price = prices[kind]
+        seconds, is_estimate = attempt_seconds(a, until)
+        if is_estimate:
+            estimated += seconds
+        result = outcome(a.state, run_ended)
+        for tally in (run, per_epoch[a.epoch], per_type[kind]):
+            tally.add(result, seconds, price, a.samples)
+    types = {}
+    for kind in sorted(per_type):
+        price = prices[kind]
+        figures = per_type[kind].figures()
+        types[kind] = {
+            "provider": price.provider,
+            "region": price.region,
+            "spot_per_hour": price.spot,
+            "on_demand_per_hour": price.on_demand,
+            "discount": price.discount,
+            **{
+                k: figures[k]
+                for k in (
+                    "attempts",
+                    "worker_seconds",
+                    "total_usd",
+                    "waste_usd",
+                    "on_demand_equivalent_usd",
+                )
+            },
+        }
+    return {
+        **run.figures(),
+        "upper_bound_seconds": estimated,
+        "instance_types": types,
+        "history": [{"epoch": e, **per_epoch[e].figures()} for e in sorted(per_epoch)],
+    }
+
+
+def cost_report(
+    ledger: Ledger,
+    run: str,
+    prices: PriceTable | None = None,
+    *,
+    instance_type: str = DEFAULT_INSTANCE_TYPE,
+    worker_types: Mapping[str, str] | None = None,
+    until: datetime | None = None,
+) -> dict[str, Any]:
+    """Cost, waste and savings of run ``run`` from the ledger, as plain data.
+
+    ``prices`` defaults to :func:`load_prices` (vcdl's list prices). Every
+    worker is ``instance_type`` unless a glob in ``worker_types`` (worker
+    address → instance type) matches it. ``until`` (default: the run's
+    ``updated_at``) ends attempts the ledger never saw finish; their seconds
+    are upper bounds (``upper_bound_seconds``). See the module docstring for
+    the definitions.
+
+    Raises:
+        RunNotFound: no such run.
+        ConfigError: an instance type has no price.
+    """
+    table = prices if prices is not None else load_prices()
+    row = ledger.get_run(run)
+    summary = cost_summary(
+        ledger.attempts(run),
+        table,
+        until=until if until is not None else row.updated_at,
+        run_ended=row.state in ENDED_RUN_STATES,
+        instance_type=instance_type,
+        worker_types=worker_types,
+    )
+    return {
+        "run": run,
+        "state": row.state,
+        "currency": table.currency,
+        "prices_as_of": table.as_of,
+        "prices_source": table.source,
+        "prices_files": list(table.files),
+        **summary,
+    }
+
+
+# --------------------------------------------------------------------------
+# Formatting
+# --------------------------------------------------------------------------
+
+
+def _usd(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"${x:,.4f}" if abs(x) < 10 else f"${x:,.2f}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def format_cost(report: Mapping[str, Any]) -> str:
+    """``report`` (from :func:`cost_report`) as a terminal table."""
+    r = report
+    per_sample = r["usd_per_merged_sample"]
+    lines = [
+        f"run {r.get('run', '?')} ({r.get('state', '?')}): cost in {r.get('currency', 'USD')}, "
+        f"prices as of {r.get('prices_as_of') or '?'} (spot prices move; list prices, "
+        "not your bill)",
+        f"  attempts {r['attempts']}, merged {r['merged']}, worker time "
+        f"{r['worker_seconds'] / 3600:.3f} h"
+        + (
+            f" (of which {r['upper_bound_seconds']:.0f} s upper-bound estimates)"
+            if r["upper_bound_seconds"]
+            else ""
+        ),
+        f"  spot total        {_usd(r['total_usd']):>12}",
+        f"  waste             {_usd(r['waste_usd']):>12}  "
+        f"({_pct(r['waste_share'])} of decided cost)",
+    ]
+    if r["pending_usd"]:
+        lines.append(
+            f"  pending           {_usd(r['pending_usd']):>12}  (not yet merged or wasted)"
+        )
+    lines += [
+        f"  per merged sample {'-' if per_sample is None else f'${per_sample:.3g}':>12}"
+        f"  ({r['merged_samples']:,} samples)",
+        f"  on-demand, same seconds   {_usd(r['on_demand_equivalent_usd']):>12}  "
+        f"-> spot discount {_pct(r['spot_discount'])}",
+        f"  on-demand, merged work    {_usd(r['on_demand_merged_usd']):>12}  "
+        f"-> realized savings {_pct(r['realized_savings'])} ({_usd(r['savings_usd'])})",
+    ]
+    if r["savings_gap_points"] is not None:
+        lines.append(f"  waste cost {r['savings_gap_points']:.1f} points of the spot discount")
+    lines += [
+        "",
+        f"  {'instance type':<18} {'spot/h':>8} {'od/h':>8} {'disc':>6} {'att':>5} "
+        f"{'hours':>8} {'cost':>11} {'waste':>11}",
+    ]
+    for kind, t in r["instance_types"].items():
+        lines.append(
+            f"  {kind:<18} {t['spot_per_hour']:>8.4f} {t['on_demand_per_hour']:>8.4f} "
+            f"{_pct(t['discount']):>6} {t['attempts']:>5} {t['worker_seconds'] / 3600:>8.3f} "
+            f"{_usd(t['total_usd']):>11} {_usd(t['waste_usd']):>11}"
+        )
+    lines += [
+        "",
+        f"  {'epoch':>5} {'att':>5} {'merged':>6} {'hours':>8} {'cost':>11} "
+        f"{'waste':>11} {'waste%':>7} {'saved':>7}",
+    ]
+    for h in r["history"]:
+        lines.append(
+            f"  {h['epoch']:>5} {h['attempts']:>5} {h['merged']:>6} "
+            f"{h['worker_seconds'] / 3600:>8.3f} {_usd(h['total_usd']):>11} "
+            f"{_usd(h['waste_usd']):>11} {_pct(h['waste_share']):>7} "
+            f"{_pct(h['realized_savings']):>7}"
+        )
+    return "\n".join(lines)
