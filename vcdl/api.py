@@ -37,6 +37,9 @@ def prepare_prefect(home: Path) -> None:
     # The ephemeral server's telemetry would call out of offline machines and
     # trips "database is locked" in its SQLite file; a user's setting wins.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect waits 20 s for its ephemeral server; a busy 2-core machine
+    # (workers importing torch) needs longer, and failing a run for it is silly.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     if any(k in os.environ for k in ("PREFECT_API_URL", "PREFECT_HOME", "PREFECT_PROFILE")):
         return
     if (Path.home() / ".prefect" / "profiles.toml").exists():
