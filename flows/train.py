@@ -20,12 +20,18 @@ from typing import Any
 
 import torch
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact
 from prefect_dask import DaskTaskRunner
 from pydantic import BaseModel, Field
 
 from flows.cluster import dask_cluster
 from flows.epoch import epoch_flow
+from flows.reporting import (
+    ProgressUpdater,
+    emit,
+    publish_epoch_table,
+    publish_summary,
+    start_progress,
+)
 from vcdl.chaos import Preemptor, chaos_schedule
 from vcdl.config import RunConfig, resolve_home
 from vcdl.errors import LeaseHeld
@@ -130,19 +136,39 @@ def _named(config: RunConfig) -> RunConfig:
     return config.updated(run={"name": f"{config.data.name}-{stamp}"})
 
 
-@flow(name="vcdl-train")
+@flow(name="vcdl-train", persist_result=True)
 def train(
     config: RunConfig = RunConfig(),  # noqa: B008  (frozen: safe as a default; the UI's form)
     home: str | None = None,
     chaos: ChaosSpec | None = None,
 ) -> dict[str, Any]:
-    """Train (or resume) the run described by ``config``; returns its status summary."""
+    """Train (or resume) the run described by ``config``; returns its status summary.
+
+    The summary is the flow run's persisted result, so
+    ``run_deployment(...).state.result()`` returns it where the result
+    storage is readable; ``vcdl status RUN --json`` prints the same. A failure
+    emits the Prefect event ``vcdl.run.failed`` on resource ``vcdl.run.<run>``.
+    """
+    cfg = _named(config)
+    try:
+        return _train(cfg, home, chaos)
+    except Exception as exc:
+        emit(
+            "vcdl.run.failed",
+            str(cfg.run.name),
+            {"error": f"{type(exc).__name__}: {exc}", "data": cfg.data.name},
+        )
+        raise
+
+
+def _train(config: RunConfig, home: str | None, chaos: ChaosSpec | None) -> dict[str, Any]:
     logger = get_run_logger()
     # The flow process only merges (memory-bound); the cores are the workers'.
     torch.set_num_threads(1)
-    cfg = _named(config).with_locations(resolve_home(home))
+    cfg = config.with_locations(resolve_home(home))
     ref, run, resumed = prepare_run(cfg)
     ledger = ref.ledger()
+    progress_id = start_progress(ref, cfg.run.epochs, cfg.data.shards)
     with run_lease(ref):
         if resumed:
             removed = clean_orphans(ref)
@@ -161,36 +187,15 @@ def train(
                     epoch_flow.with_options(
                         task_runner=runner,  # type: ignore[arg-type]  # DaskTaskRunner is one
                         flow_run_name=f"{ref.run} · epoch {epoch}",
-                    )(ref, cfg, epoch, final=epoch == cfg.run.epochs - 1)
+                    )(ref, cfg, epoch, final=epoch == cfg.run.epochs - 1, progress_id=progress_id)
+                    publish_epoch_table(ref, epoch)
                 if chaos_thread is not None:
                     logger.warning("preemptions sent: %s", chaos_thread.counts())
         except BaseException:
             ledger.update_run(ref.run, state="failed")
             raise
         ledger.update_run(ref.run, state="completed")
+    ProgressUpdater(ref, progress_id, cfg.run.epochs, cfg.data.shards)(force=True)
     summary = run_status(ledger, ref.run)
-    create_markdown_artifact(
-        key=f"vcdl-summary-{ref.run}".lower().replace("_", "-").replace(".", "-"),
-        markdown=_summary_markdown(summary),
-        description=f"vcdl run {ref.run}",
-    )
+    publish_summary(ref, summary)
     return summary
-
-
-def _summary_markdown(s: dict[str, Any]) -> str:
-    lines = [
-        f"# vcdl run `{s['run']}`",
-        "",
-        f"State **{s['state']}**, {s['epochs_completed']}/{s['epochs']} epochs, "
-        f"head v{s['head_version']}, test accuracy {s['test_accuracy']}.",
-        "",
-        "| epoch | merged | attempts | version | mean staleness | test accuracy |",
-        "|---|---|---|---|---|---|",
-    ]
-    for h in s["history"]:
-        lines.append(
-            f"| {h['epoch']} | {h['merged']}/{h['subtasks']} | {h['attempts']} | "
-            f"v{h['version']} | {h['mean_staleness']} | {h['test_accuracy']} |"
-        )
-    lines += ["", f"Export: `vcdl export {s['run']} --out model.safetensors`"]
-    return "\n".join(lines)

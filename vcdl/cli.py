@@ -110,6 +110,17 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--data", help="data set name (default: the run's)")
     ev.add_argument("--split", default="test", choices=["train", "test"])
 
+    sv = sub.add_parser(
+        "serve",
+        parents=[common],
+        help="serve the vcdl-train, vcdl-retrain and vcdl-evaluate deployments from this "
+        "process (one machine, no work pool)",
+    )
+    sv.add_argument(
+        "--parent", default="mnist1d", help="vcdl-retrain's default parent run (default: mnist1d)"
+    )
+    sv.add_argument("--limit", type=int, help="flow runs at a time (default: no limit)")
+
     d = sub.add_parser("data", help="data sets in the store")
     dsub = d.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
     store_opt = _Parser(add_help=False, parents=[common])
@@ -300,6 +311,18 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _train(args)
     if args.command == "data":
         return _data(args)
+    if args.command == "serve":
+        home = resolve_home(args.home)
+        api.prepare_prefect(home)
+        from flows.deployments import NAMES, RETRAIN_CRON, serve
+
+        print(
+            f"vcdl: serving {', '.join(NAMES)} (vcdl-retrain schedule '{RETRAIN_CRON}' UTC, "
+            f"inactive until enabled); state in {home}; Ctrl-C stops",
+            file=sys.stderr,
+        )
+        serve(home=str(home), parent=args.parent, limit=args.limit)
+        return 0
     if args.command == "chaos":
         from vcdl.chaos import Preemptor, chaos_schedule
 

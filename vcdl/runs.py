@@ -23,6 +23,7 @@ from vcdl.models import build_model
 from vcdl.runtime import RunRef, version_path, versions_prefix
 from vcdl.store import WeightStore
 from vcdl.train import evaluate, snapshot
+from vcdl.types import StateDict
 
 # Sections that define what a run computes: a resumed run must keep them.
 _IDENTITY_SECTIONS = ("data", "model", "train", "merge")
@@ -66,10 +67,18 @@ def _differences(old: RunConfig, new: RunConfig) -> list[str]:
     return out
 
 
-def prepare_run(cfg: RunConfig) -> tuple[RunRef, Run, bool]:
+def prepare_run(
+    cfg: RunConfig,
+    init_state: StateDict | None = None,
+    parent: tuple[str, int] | None = None,
+) -> tuple[RunRef, Run, bool]:
     """Create the run described by ``cfg``, or find it to resume.
 
-    Returns the reference, the ledger row and whether it was resumed.
+    Returns the reference, the ledger row and whether it was resumed. A new
+    run's v0 is a fresh initialization, or ``init_state`` (a warm start: it
+    must fit the run's model exactly) with ``parent`` = (run, version) it
+    came from recorded in the ledger. v0's attributes record the data set's
+    fingerprint (``data_fingerprint``), which the retrain flow compares.
     """
     ref = RunRef.from_config(cfg)
     store = ref.store()
@@ -88,10 +97,41 @@ def prepare_run(cfg: RunConfig) -> tuple[RunRef, Run, bool]:
         if stored != cfg:
             existing = ledger.update_run(ref.run, config=cfg.model_dump_json())
         return ref, existing, True
-    path = version_path(ref.run, 0, "init")
-    store.write_state(path, snapshot(model), attrs={"run": ref.run, "number": 0})
-    run = ledger.create_run(ref.run, cfg.model_dump_json(), path, store.checksum(path))
+    state = snapshot(model)
+    attrs: dict[str, Any] = {"run": ref.run, "number": 0, "data_fingerprint": info.fingerprint}
+    if init_state is not None:
+        _check_fits(state, init_state)
+        state = init_state
+    if parent is not None:
+        attrs |= {"parent_run": parent[0], "parent_version": parent[1]}
+    path = version_path(ref.run, 0, "init" if parent is None else "warm")
+    store.write_state(path, state, attrs=attrs)
+    run = ledger.create_run(
+        ref.run,
+        cfg.model_dump_json(),
+        path,
+        store.checksum(path),
+        parent_run=parent[0] if parent else None,
+        parent_version=parent[1] if parent else None,
+    )
     return ref, run, False
+
+
+def _check_fits(model_state: StateDict, init_state: StateDict) -> None:
+    """A warm start's weights must match the run's model key for key, shape for shape."""
+    if set(model_state) != set(init_state):
+        raise ConfigError(
+            "warm start: the parent's tensors do not match the model "
+            f"(missing {sorted(set(model_state) - set(init_state))[:5]}, "
+            f"unexpected {sorted(set(init_state) - set(model_state))[:5]})"
+        )
+    for k, t in model_state.items():
+        if init_state[k].shape != t.shape or init_state[k].dtype != t.dtype:
+            raise ConfigError(
+                f"warm start: tensor {k} is {tuple(init_state[k].shape)} "
+                f"{init_state[k].dtype} in the parent but {tuple(t.shape)} {t.dtype} "
+                "in the model (a different data set shape or model config?)"
+            )
 
 
 def clean_orphans(ref: RunRef) -> list[str]:

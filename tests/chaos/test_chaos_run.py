@@ -10,6 +10,7 @@ notices, and the accuracy must be within 1.5 points of the fault-free run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -54,10 +55,8 @@ def _events(log: Path) -> dict[str, int]:
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:
     """Kill whatever the killed driver left behind (its LocalCluster's workers)."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def test_chaos_run_matches_fault_free(prefect_api: None, tmp_path: Path) -> None:

@@ -1,0 +1,49 @@
+"""The ``vcdl-evaluate`` flow: evaluate any version of a run on a data set.
+
+The evaluation is recorded in the ledger (as ``vcdl evaluate`` does) and shown
+as a table artifact ``vcdl-<run>-eval-v<N>``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from prefect import flow, get_run_logger
+from pydantic import Field
+
+from flows.reporting import publish_table
+from vcdl.api import run_ref
+from vcdl.artifacts import artifact_key
+from vcdl.config import resolve_home
+from vcdl.runs import evaluate_version
+
+
+@flow(name="vcdl-evaluate", persist_result=True)
+def evaluate(
+    run: Annotated[str, Field(description="Run name in the ledger.")],
+    version: Annotated[int | None, Field(ge=0, description="Version; empty = head.")] = None,
+    data: Annotated[str | None, Field(description="Data set; empty = the run's.")] = None,
+    split: Annotated[Literal["train", "test"], Field(description="Split to evaluate on.")] = "test",
+    home: Annotated[str | None, Field(description="vcdl home (default $VCDL_HOME)")] = None,
+    ledger_url: Annotated[str | None, Field(description="Ledger URL; empty = under home.")] = None,
+) -> dict[str, Any]:
+    """Evaluate a version (default: the head) of ``run``; returns accuracy, loss, samples."""
+    ref = run_ref(run, resolve_home(home), ledger_url)
+    cfg = ref.config()
+    ev = evaluate_version(ref, cfg, version, split=split, dataset=data)
+    out = {
+        "run": run,
+        "version": ev.version,
+        "data": data or cfg.data.name,
+        "split": split,
+        "accuracy": ev.accuracy,
+        "loss": ev.loss,
+        "samples": ev.samples,
+    }
+    get_run_logger().info(
+        "%s v%d on %s:%s: accuracy %.4f", run, ev.version, out["data"], split, ev.accuracy
+    )
+    publish_table(
+        artifact_key("vcdl", run, "eval", f"v{ev.version}"), [out], f"vcdl evaluate {run}"
+    )
+    return out

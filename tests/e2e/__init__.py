@@ -1,0 +1,1 @@
+"""End-to-end tests: a real Prefect server, work pool, worker and browser."""

@@ -1,0 +1,258 @@
+"""The deployments against a real Prefect server: prefect.yaml, a process work pool, a worker.
+
+Deploys with ``prefect --no-prompt deploy --all``, starts ``prefect worker``,
+runs ``vcdl-train`` through the API and checks what the flow run shows
+(artifacts) against the ledger; checks vcdl-retrain's (inactive) schedule,
+warm starts, the fingerprint skip, the accuracy event; evaluates a version;
+and loads the flow run page of the Prefect UI in headless Chromium.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.e2e.conftest import IN_CI, PREFECT, Server
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+RUN = "e2e-run"
+TRAIN_CONFIG = {
+    "run": {"name": RUN, "epochs": 2, "seed": 1},
+    "data": {"name": "mnist1d", "samples": 2000, "shards": 2},
+    "model": {"factory": "cnn1d", "kwargs": {"width": 8}},
+    "train": {"lr": 0.01},
+    "cluster": {"workers": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def deployed(prefect_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = prefect_server
+    s.run([PREFECT, "work-pool", "create", "vcdl", "--type", "process"])
+    s.run([PREFECT, "--no-prompt", "deploy", "--all"], timeout=300)
+    s.spawn([PREFECT, "worker", "start", "--pool", "vcdl", "--limit", "2"], "worker.log")
+    yield s
+
+
+@pytest.fixture(scope="module")
+def api(deployed: Server) -> Iterator[Server]:
+    """Prefect client settings of this process pointed at the test server."""
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_LOCAL_STORAGE_PATH,
+        temporary_settings,
+    )
+
+    with temporary_settings(
+        {
+            PREFECT_API_URL: deployed.api_url,
+            PREFECT_LOCAL_STORAGE_PATH: deployed.env["PREFECT_LOCAL_STORAGE_PATH"],
+        }
+    ):
+        yield deployed
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("vcdl-home")
+
+
+def run(api: Server, name: str, parameters: dict[str, Any]) -> tuple[Any, dict[str, Any] | None]:
+    from flows.deployments import run_remote
+
+    fr, summary = run_remote(name, parameters, timeout=900)
+    assert fr.state is not None and fr.state.is_completed(), (
+        f"{name}: {fr.state}\n--- worker log ---\n{api.log('worker.log')}"
+    )
+    return fr, summary
+
+
+@pytest.fixture(scope="module")
+def trained(api: Server, home: Path) -> dict[str, Any]:
+    started = time.monotonic()
+    fr, summary = run(api, "vcdl-train/vcdl-train", {"config": TRAIN_CONFIG, "home": str(home)})
+    return {"flow_run": fr, "summary": summary, "seconds": time.monotonic() - started}
+
+
+def _artifacts(flow_run_id: Any) -> list[Any]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        return client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+
+
+def _data(a: Any) -> Any:
+    return json.loads(a.data) if isinstance(a.data, str) and a.type == "table" else a.data
+
+
+def test_train_deployment_summary_and_artifacts(trained: dict[str, Any], home: Path) -> None:
+    from vcdl import api as vapi
+
+    status = vapi.status(RUN, home=home)
+    assert status["state"] == "completed" and status["head_version"] == 4
+    # The flow run's persisted result is the run summary.
+    assert trained["summary"] is not None
+    assert trained["summary"]["head_version"] == 4
+    assert trained["summary"]["test_accuracy"] == status["test_accuracy"]
+
+    arts = {a.key: a for a in _artifacts(trained["flow_run"].id)}
+    progress = arts[f"vcdl-{RUN}-progress"]
+    assert progress.type == "progress" and float(progress.data) == 100.0
+    ledger_acc = {h["epoch"]: h["test_accuracy"] for h in status["history"]}
+    for epoch in (0, 1):
+        table = arts[f"vcdl-{RUN}-epoch-{epoch}"]
+        assert table.type == "table"
+        rows = _data(table)
+        assert [r["epoch"] for r in rows] == [epoch]
+        assert rows[0]["accuracy"] == ledger_acc[epoch]
+        assert rows[0]["merges"] == 2 and rows[0]["reissues"] == 0
+    md = arts[f"vcdl-summary-{RUN}"]
+    assert md.type == "markdown"
+    assert "## Lineage" in md.data and f"vcdl export {RUN}" in md.data
+    assert "data:image/png;base64," in md.data
+    plot = home / "store" / "runs" / RUN / "plots" / "progress.png"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 5000
+
+
+def test_retrain_schedule_registered_inactive(api: Server) -> None:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        dep = client.read_deployment_by_name("vcdl-retrain/vcdl-retrain")
+    assert len(dep.schedules) == 1
+    sched = dep.schedules[0]
+    assert sched.schedule.cron == "0 3 * * *"  # type: ignore[union-attr]
+    assert sched.active is False
+    assert dep.parameters.get("parent") == "mnist1d"
+
+
+def _read_events(name: str) -> list[Any]:
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter
+
+    with get_client(sync_client=True) as client:
+        page = client.read_events(EventFilter(event=EventNameFilter(name=[name])), limit=50)
+    return list(page.events)
+
+
+def test_retrain_skips_then_warm_starts(trained: dict[str, Any], api: Server, home: Path) -> None:
+    from vcdl import api as vapi
+    from vcdl.data import make_mnist1d
+    from vcdl.runtime import open_store
+
+    params = {"parent": RUN, "home": str(home), "epochs": 1}
+    # 1. Same data as the parent's: skipped, Completed, nothing created.
+    _, out = run(api, "vcdl-retrain/vcdl-retrain", {**params, "run_name": "e2e-same"})
+    assert out is not None and out["state"] == "skipped" and out["run"] is None
+    assert all(r.name != "e2e-same" for r in vapi._ledger(home, None).list_runs())
+
+    # 2. New data: a new run whose v0 is the parent's head, bit for bit.
+    store = open_store(str(home / "store"))
+    make_mnist1d(store, name="mnist1d-new", samples=2400)
+    p2 = {**params, "data": "mnist1d-new", "run_name": "e2e-r1", "min_accuracy": 0.999}
+    _, out = run(api, "vcdl-retrain/vcdl-retrain", p2)
+    assert out is not None and out["state"] == "completed" and out["run"] == "e2e-r1"
+    assert out["parent_run"] == RUN and out["parent_version"] == 4
+    ledger = vapi._ledger(home, None)
+    parent_head = store.read_state(ledger.get_version(RUN, 4).uri)
+    child_v0 = store.read_state(ledger.get_version("e2e-r1", 0).uri)
+    assert parent_head.keys() == child_v0.keys()
+    for k, t in parent_head.items():
+        assert torch.equal(t, child_v0[k]) and t.dtype == child_v0[k].dtype, k
+
+    # 3. The same new data again: the last retrain saw it, so skipped.
+    _, out = run(api, "vcdl-retrain/vcdl-retrain", {**p2, "run_name": "e2e-r2"})
+    assert out is not None and out["state"] == "skipped" and out["parent_run"] == "e2e-r1"
+
+    # 4. min_accuracy=0.999 is not reached on 1 epoch: the event an automation acts on.
+    deadline = time.monotonic() + 30
+    while not (events := _read_events("vcdl.retrain.accuracy-dropped")):
+        assert time.monotonic() < deadline, "no vcdl.retrain.accuracy-dropped event"
+        time.sleep(1)
+    assert events[0].resource.id == "vcdl.run.e2e-r1"
+
+
+def test_evaluate_deployment(trained: dict[str, Any], api: Server, home: Path) -> None:
+    from vcdl import api as vapi
+
+    _, out = run(api, "vcdl-evaluate/vcdl-evaluate", {"run": RUN, "version": 2, "home": str(home)})
+    assert out is not None and out["version"] == 2 and out["samples"] == 400
+    evs = [e for e in vapi._ledger(home, None).evaluations(RUN) if e.version == 2]
+    assert any(e.accuracy == out["accuracy"] for e in evs)
+
+
+def _chromium() -> tuple[str, str] | None:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    return (browser, driver) if browser and driver else None
+
+
+def test_ui_shows_epoch_table(trained: dict[str, Any], api: Server, tmp_path: Path) -> None:
+    found = _chromium()
+    if found is None:
+        msg = "chromium/chromedriver not installed (apt-get install -y chromium chromium-driver)"
+        pytest.fail(msg) if IN_CI else pytest.skip(msg)
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import WebDriverWait
+    except ImportError:
+        msg = "selenium not installed (dev extra)"
+        pytest.fail(msg) if IN_CI else pytest.skip(msg)
+    browser, driver_path = found
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = browser
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1800",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    ):
+        opts.add_argument(flag)
+    drv = webdriver.Chrome(service=Service(driver_path), options=opts)
+    shot = tmp_path / "flow-run.png"
+    try:
+        fr_id = trained["flow_run"].id
+        drv.get(f"{api.url}/runs/flow-run/{fr_id}?tab=Artifacts")
+        key = f"vcdl-{RUN}-epoch-1"
+
+        def shows_table(d: Any) -> bool:
+            text = d.find_element(By.TAG_NAME, "body").text
+            if key in text or "accuracy" in text:
+                return True
+            for tab in d.find_elements(By.XPATH, "//*[normalize-space(text())='Artifacts']"):
+                with contextlib.suppress(Exception):
+                    tab.click()
+            return False
+
+        WebDriverWait(drv, 90, poll_frequency=1).until(shows_table)
+        time.sleep(2)  # let the table finish rendering before the screenshot
+        drv.save_screenshot(str(shot))
+        body = drv.find_element(By.TAG_NAME, "body").text
+    finally:
+        drv.quit()
+    assert key in body or "accuracy" in body
+    assert shot.stat().st_size > 30_000  # a rendered page, not a blank one
+    if os.environ.get("VCDL_E2E_SCREENSHOT"):
+        shutil.copy(shot, os.environ["VCDL_E2E_SCREENSHOT"])

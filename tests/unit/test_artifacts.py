@@ -1,0 +1,150 @@
+"""Pure parts of the artifacts and the retrain flow: tables, plots, skip decisions."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from vcdl.artifacts import (
+    artifact_key,
+    epoch_metrics,
+    latest_descendant,
+    pick_version,
+    png_data_uri,
+    progress_percent,
+    progress_png,
+    retrain_decision,
+    summary_markdown,
+)
+from vcdl.ledger import Attempt, Evaluation, Run, Subtask, Version
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _attempt(epoch: int, shard: int, state: str, seconds: float, n: int = 1) -> Attempt:
+    return Attempt(
+        run="r", subtask_id=epoch * 10 + shard, epoch=epoch, shard=shard, number=n,
+        worker="w", base_version=0, state=state, train_seconds=seconds,
+    )  # fmt: skip
+
+
+def test_epoch_metrics_from_ledger_rows() -> None:
+    subtasks = [
+        Subtask(run="r", epoch=0, shard=0, state="merged", attempts=1),
+        Subtask(run="r", epoch=0, shard=1, state="merged", attempts=3),
+        Subtask(run="r", epoch=1, shard=0, state="merged", attempts=1),
+        Subtask(run="r", epoch=1, shard=1, state="pending", attempts=1),
+    ]
+    attempts = [
+        _attempt(0, 0, "merged", 3.0),
+        _attempt(0, 1, "killed", 1.0),
+        _attempt(0, 1, "rejected", 2.0, 2),
+        _attempt(0, 1, "merged", 2.0, 3),
+        _attempt(1, 0, "merged", 4.0),
+    ]
+    versions = [
+        Version(run="r", number=0, uri="v0", checksum="c"),
+        Version(run="r", number=1, epoch=0, staleness=0, uri="v1", checksum="c"),
+        Version(run="r", number=2, epoch=0, staleness=1, uri="v2", checksum="c"),
+        Version(run="r", number=3, epoch=1, staleness=0, uri="v3", checksum="c"),
+    ]
+    evals = [
+        Evaluation(run="r", version=2, epoch=0, split="test", accuracy=0.5, loss=1.5,
+                   samples=10, created_at=T0 + timedelta(seconds=12)),
+        Evaluation(run="r", version=2, epoch=0, split="train", accuracy=0.9, loss=0.1,
+                   samples=10, created_at=T0),
+    ]  # fmt: skip
+    rows = epoch_metrics(subtasks, attempts, versions, evals, started=T0)
+    assert rows[0] == {
+        "epoch": 0,
+        "accuracy": 0.5,
+        "loss": 1.5,
+        "merges": 2,
+        "reissues": 2,
+        "rejections": 1,
+        "mean_staleness": 0.5,
+        "goodput": round(5 / 8, 4),
+        "version": 2,
+        "wall_seconds": 12.0,
+    }
+    assert rows[1]["epoch"] == 1 and rows[1]["accuracy"] is None and rows[1]["merges"] == 1
+    assert rows[1]["goodput"] == 1.0 and rows[1]["wall_seconds"] is None
+
+
+def test_progress_percent() -> None:
+    assert progress_percent(0, 8) == 0.0
+    assert progress_percent(3, 8) == 37.5
+    assert progress_percent(9, 8) == 100.0
+    assert progress_percent(0, 0) == 100.0
+
+
+def test_artifact_key_is_prefect_safe() -> None:
+    assert artifact_key("vcdl", "My_Run.v2", "epoch", 3) == "vcdl-my-run-v2-epoch-3"
+
+
+def test_summary_markdown_has_lineage_plot_and_export() -> None:
+    s = {
+        "run": "child", "state": "completed", "epochs": 1, "epochs_completed": 1,
+        "head_version": 4, "test_accuracy": 0.9, "data": "mnist1d",
+        "parent_run": "parent", "parent_version": 8,
+    }  # fmt: skip
+    rows = [
+        {"epoch": 0, "accuracy": 0.9, "loss": 0.3, "merges": 4, "reissues": 0,
+         "rejections": 0, "mean_staleness": 0.25, "goodput": 1.0, "version": 4,
+         "wall_seconds": 5.0},
+    ]  # fmt: skip
+    png = progress_png(rows, "t")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    md = summary_markdown(
+        s, rows, "/store/runs/child/plots/progress.png", png_data_uri(png), "sha256:ab"
+    )
+    assert "run `parent` version v8" in md and "sha256:ab" in md
+    assert "| 0 | 0.9000 | 0.3000 | 4 | 0 | 0 | 0.25 | 100.0% | 4 | 5.0 |" in md
+    assert "](data:image/png;base64," in md and "vcdl export child" in md
+    fresh = summary_markdown({**s, "parent_run": None, "parent_version": None})
+    assert "fresh initialization" in fresh
+
+
+def test_retrain_decision() -> None:
+    assert retrain_decision("sha256:a", "sha256:a").skip
+    assert not retrain_decision("sha256:a", "sha256:a", force=True).skip
+    assert not retrain_decision("sha256:a", "sha256:b").skip
+    d = retrain_decision("sha256:a", None)
+    assert not d.skip and "unknown" in d.reason
+
+
+def _run(name: str, parent: str | None, minutes: int, state: str = "completed") -> Run:
+    return Run(
+        name=name, config="{}", state=state, parent_run=parent,
+        parent_version=0 if parent else None, created_at=T0 + timedelta(minutes=minutes),
+    )  # fmt: skip
+
+
+def test_latest_descendant_follows_the_lineage() -> None:
+    runs = [
+        _run("root", None, 0),
+        _run("r1", "root", 1),
+        _run("r2", "r1", 2),
+        _run("r3", "r2", 3, state="failed"),
+        _run("other", None, 4),
+        _run("other-r", "other", 5),
+    ]
+    assert latest_descendant(runs, "root").name == "r2"  # type: ignore[union-attr]
+    assert latest_descendant(runs, "r2").name == "r2"  # type: ignore[union-attr]
+    assert latest_descendant(runs, "missing") is None
+    assert latest_descendant([_run("x", None, 0, "running")], "x").name == "x"  # type: ignore[union-attr]
+
+
+def test_pick_version() -> None:
+    evals = [
+        Evaluation(run="r", version=2, split="test", accuracy=0.8, loss=1, samples=1),
+        Evaluation(run="r", version=4, split="test", accuracy=0.7, loss=1, samples=1),
+        Evaluation(run="r", version=3, split="train", accuracy=0.99, loss=1, samples=1),
+    ]
+    assert pick_version("head", 4, evals) == 4
+    assert pick_version("best", 4, evals) == 2
+    assert pick_version(3, 4, evals) == 3
+    assert pick_version("best", 4, []) == 4
+    with pytest.raises(ValueError):
+        pick_version("newest", 4, evals)

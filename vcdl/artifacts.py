@@ -1,0 +1,284 @@
+"""What a run shows in Prefect, as plain data: epoch tables, summaries, plots, retrain decisions.
+
+This module owns the *content* of the artifacts the flows publish (the
+per-epoch metrics table, the markdown summary with the run's lineage, the
+progress plot) and the pure decisions of the retrain flow (which run to
+warm-start from, whether the data changed). Nothing here talks to Prefect:
+``flows/reporting.py`` publishes what these functions build, so all of it is
+testable without a server.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from vcdl.ledger import Attempt, Evaluation, Run, Subtask, Version
+
+PLOT_PATH = "runs/{run}/plots/progress.png"
+# Where a run records the data set it was trained on (v0's group attributes).
+FINGERPRINT_ATTR = "data_fingerprint"
+
+
+def artifact_key(*parts: object) -> str:
+    """A Prefect artifact key: lowercase letters, digits and dashes only."""
+    text = "-".join(str(p) for p in parts).lower()
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", text)).strip("-")
+
+
+def _attempt_seconds(a: Attempt) -> float:
+    # Killed attempts never report their training time: wall time to when the
+    # driver recorded the loss, an upper bound (as vcdl.report does).
+    if a.train_seconds is not None:
+        return a.train_seconds
+    if a.finished_at is not None:
+        return (a.finished_at - a.started_at).total_seconds()
+    return 0.0
+
+
+def epoch_metrics(
+    subtasks: Iterable[Subtask],
+    attempts: Iterable[Attempt],
+    versions: Iterable[Version],
+    evaluations: Iterable[Evaluation],
+    started: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """One row per epoch with an evaluation or subtasks, from the ledger's rows.
+
+    Columns: epoch, test accuracy and loss (the epoch's evaluation on the test
+    split), merges, reissues (attempts beyond the first), rejections, mean
+    staleness of the epoch's versions, goodput (training seconds of merged
+    attempts / all training seconds), head version, and the wall time from
+    ``started`` (the run's creation) to the epoch's evaluation.
+    """
+    subs: dict[int, list[Subtask]] = defaultdict(list)
+    for s in subtasks:
+        subs[s.epoch].append(s)
+    states: dict[int, Counter[str]] = defaultdict(Counter)
+    spent: dict[int, float] = defaultdict(float)
+    useful: dict[int, float] = defaultdict(float)
+    for a in attempts:
+        states[a.epoch][a.state] += 1
+        t = _attempt_seconds(a)
+        spent[a.epoch] += t
+        if a.state == "merged":
+            useful[a.epoch] += t
+    stale: dict[int, list[int]] = defaultdict(list)
+    last_version: dict[int, int] = {}
+    for v in versions:
+        if v.epoch is None:
+            continue
+        last_version[v.epoch] = max(last_version.get(v.epoch, 0), v.number)
+        if v.staleness is not None:
+            stale[v.epoch].append(v.staleness)
+    evals = {e.epoch: e for e in evaluations if e.split == "test" and e.epoch is not None}
+    rows = []
+    for epoch in sorted(set(subs) | set(evals)):
+        ev = evals.get(epoch)
+        st = stale.get(epoch, [])
+        wall = (
+            round((ev.created_at - started).total_seconds(), 3)
+            if ev is not None and started is not None
+            else None
+        )
+        rows.append(
+            {
+                "epoch": epoch,
+                "accuracy": ev.accuracy if ev else None,
+                "loss": ev.loss if ev else None,
+                "merges": sum(1 for s in subs[epoch] if s.state == "merged"),
+                "reissues": sum(max(0, s.attempts - 1) for s in subs[epoch]),
+                "rejections": states[epoch]["rejected"],
+                "mean_staleness": round(sum(st) / len(st), 4) if st else None,
+                "goodput": round(useful[epoch] / spent[epoch], 4) if spent[epoch] else None,
+                "version": last_version.get(epoch),
+                "wall_seconds": wall,
+            }
+        )
+    return rows
+
+
+def progress_percent(done: int, total: int) -> float:
+    """Percent of a run's subtasks that are finished (merged, dropped or failed)."""
+    if total <= 0:
+        return 100.0
+    return round(min(100.0, 100.0 * done / total), 2)
+
+
+def progress_png(rows: Sequence[dict[str, Any]], title: str = "") -> bytes:
+    """A PNG of test accuracy and loss against epoch (top) and wall time (bottom)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display; safe in worker and flow processes
+    from matplotlib.figure import Figure
+
+    pts = [r for r in rows if r.get("accuracy") is not None]
+    epochs = [r["epoch"] for r in pts]
+    walls = [r["wall_seconds"] if r.get("wall_seconds") is not None else 0.0 for r in pts]
+    acc = [r["accuracy"] for r in pts]
+    loss = [r["loss"] for r in pts]
+    fig = Figure(figsize=(6.4, 5.2), dpi=80)
+    for i, (xs, label) in enumerate(((epochs, "epoch"), (walls, "wall time (s)"))):
+        ax = fig.add_subplot(2, 1, i + 1)
+        ax.plot(xs, acc, "o-", color="tab:blue", label="test accuracy")
+        ax.set_xlabel(label)
+        ax.set_ylabel("accuracy", color="tab:blue")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax2 = ax.twinx()
+        ax2.plot(xs, loss, "s--", color="tab:red", label="test loss")
+        ax2.set_ylabel("loss", color="tab:red")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def png_data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def _fmt(value: Any, spec: str = ".4f") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return format(value, spec)
+    return str(value)
+
+
+def summary_markdown(
+    s: dict[str, Any],
+    rows: Sequence[dict[str, Any]] = (),
+    plot_uri: str | None = None,
+    plot_image: str | None = None,
+    fingerprint: str | None = None,
+) -> str:
+    """The run's summary: state, lineage, per-epoch table, plot, how to export.
+
+    ``s`` is :func:`vcdl.report.run_status`'s summary; ``rows`` are
+    :func:`epoch_metrics`; ``plot_image`` an image URL (e.g. a data URI)
+    embedded in the page, ``plot_uri`` where the PNG is stored.
+    """
+    run = s["run"]
+    lines = [
+        f"# vcdl run `{run}`",
+        "",
+        f"State **{s['state']}**, {s['epochs_completed']}/{s['epochs']} epochs, "
+        f"head v{s['head_version']}, test accuracy {_fmt(s.get('test_accuracy'))}.",
+        "",
+        "## Lineage",
+        "",
+    ]
+    if s.get("parent_run") is not None:
+        lines.append(
+            f"Warm-started from run `{s['parent_run']}` version v{s['parent_version']}: "
+            f"v0 of `{run}` is that version's weights."
+        )
+    else:
+        lines.append("Trained from a fresh initialization (no parent run).")
+    lines.append(
+        f"Data set `{s.get('data')}`" + (f", fingerprint `{fingerprint}`." if fingerprint else ".")
+    )
+    lines += [
+        "",
+        "## Epochs",
+        "",
+        "| epoch | accuracy | loss | merges | reissues | rejections | mean staleness "
+        "| goodput | version | wall (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['epoch']} | {_fmt(r['accuracy'])} | {_fmt(r['loss'])} | {r['merges']} | "
+            f"{r['reissues']} | {r['rejections']} | {_fmt(r['mean_staleness'], '.2f')} | "
+            f"{_fmt(r['goodput'], '.1%')} | {_fmt(r['version'])} | "
+            f"{_fmt(r['wall_seconds'], '.1f')} |"
+        )
+    if plot_image or plot_uri:
+        lines += ["", "## Progress", ""]
+        if plot_image:
+            lines.append(f"![accuracy and loss of {run}]({plot_image})")
+        if plot_uri:
+            lines += ["", f"Plot stored at `{plot_uri}`."]
+    lines += [
+        "",
+        "## Export the model",
+        "",
+        "```bash",
+        f"vcdl export {run} --out model.safetensors          # head; --version N for others",
+        f"vcdl evaluate {run} --version {s['head_version']}",
+        "```",
+        "",
+        "```python",
+        "from vcdl import api",
+        "from vcdl.runs import export_version",
+        f'export_version(api.run_ref("{run}"), "model.safetensors")',
+        "```",
+    ]
+    return "\n".join(lines)
+
+
+# -- retraining -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RetrainDecision:
+    skip: bool
+    reason: str
+
+
+def latest_descendant(runs: Iterable[Run], root: str) -> Run | None:
+    """The newest completed run in ``root``'s warm-start lineage (``root`` itself included).
+
+    Nightly retrains chain: each warm-starts from the previous one, so the
+    model keeps what every earlier retrain learned.
+    """
+    by_name = {r.name: r for r in runs}
+    if root not in by_name:
+        return None
+    family, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for r in by_name.values():
+            if r.parent_run == parent and r.name not in family:
+                family.add(r.name)
+                frontier.append(r.name)
+    done = [by_name[n] for n in family if by_name[n].state == "completed"]
+    if not done:
+        return by_name[root]
+    return max(done, key=lambda r: (r.created_at, r.name))
+
+
+def retrain_decision(current: str, previous: str | None, force: bool = False) -> RetrainDecision:
+    """Retrain unless the data set's fingerprint equals the one the source was trained on."""
+    if force:
+        return RetrainDecision(False, "forced")
+    if previous is None:
+        return RetrainDecision(False, "the source run's data fingerprint is unknown")
+    if previous == current:
+        return RetrainDecision(True, f"data unchanged since the source run ({current})")
+    return RetrainDecision(False, f"data changed: {previous} -> {current}")
+
+
+def pick_version(spec: int | str, head: int, evaluations: Iterable[Evaluation]) -> int:
+    """The version to warm-start from: ``"head"``, ``"best"`` (test accuracy) or a number."""
+    if isinstance(spec, int):
+        return spec
+    if spec == "head":
+        return head
+    if spec == "best":
+        tests = [e for e in evaluations if e.split == "test"]
+        if not tests:
+            return head
+        return max(tests, key=lambda e: (e.accuracy, e.version)).version
+    if str(spec).isdigit():
+        return int(spec)
+    raise ValueError(f"version must be 'head', 'best' or a number, got {spec!r}")
