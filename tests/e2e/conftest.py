@@ -121,6 +121,9 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]
         "PREFECT_WORKER_PREFETCH_SECONDS": "5",
         "PYTHONUNBUFFERED": "1",
     }
+    # `--port` does not reach the UI's idea of where the API is: without this
+    # the browser app calls 127.0.0.1:4200 and shows "Can't connect".
+    env["PREFECT_UI_API_URL"] = f"http://127.0.0.1:{port}/api"
     server = Server(url=f"http://127.0.0.1:{port}", env=env, tmp=tmp)
     proc = server.spawn(
         [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], "server.log"
