@@ -19,7 +19,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from vcdl.errors import ConfigError
 
@@ -152,13 +159,38 @@ class StoreSection(_Section):
         description="fsspec options (e.g. endpoint_url); credentials come from the AWS chain.",
     )
 
+    @field_validator("storage_options")
+    @classmethod
+    def _no_secrets(cls, options: dict[str, Any]) -> dict[str, Any]:
+        secret = {"key", "secret", "token", "password", "aws_secret_access_key", "session_token"}
+        found = sorted(k for k in options if k.lower() in secret)
+        if found:
+            raise ValueError(
+                f"must not hold credentials ({', '.join(found)}): the config is recorded in the "
+                "ledger and shown in Prefect; use the AWS credential chain (env, profile, role)"
+            )
+        return options
+
 
 class LedgerSection(_Section):
     url: str | None = Field(
         None,
         description="SQLAlchemy URL (sqlite:///…, postgresql+psycopg://…); "
-        "empty = sqlite under <home>.",
+        "empty = sqlite under <home>. No password: use PGPASSWORD or ~/.pgpass.",
     )
+
+    @field_validator("url")
+    @classmethod
+    def _no_password(cls, url: str | None) -> str | None:
+        # The config is stored in the ledger and shown as Prefect parameters.
+        if url and "://" in url and "@" in url.split("://", 1)[1].split("/", 1)[0]:
+            userinfo = url.split("://", 1)[1].split("@", 1)[0]
+            if ":" in userinfo:
+                raise ValueError(
+                    "must not contain a password (the config is recorded in the ledger and "
+                    "shown in Prefect); set PGPASSWORD or use ~/.pgpass"
+                )
+        return url
 
 
 class FaultSection(_Section):
@@ -242,7 +274,9 @@ def _format_error(exc: ValidationError) -> str:
             continue
         msg = err["msg"].removeprefix("Value error, ")
         got = err.get("input")
-        if kind not in ("missing",) and not isinstance(got, dict):
+        # Never echo URLs or storage options back: they may hold secrets.
+        sensitive = loc.endswith(("url", "storage_options"))
+        if kind not in ("missing",) and not isinstance(got, dict) and not sensitive:
             msg = f"{msg} (got {got!r})"
         parts.append(f"{loc}: {msg}" if not msg.startswith(loc) else msg)
     return "; ".join(parts)

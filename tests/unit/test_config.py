@@ -35,6 +35,8 @@ def test_defaults_are_valid_and_frozen() -> None:
         ({"merge": {"schedule": "list", "alphas": [0.5, 2.0]}}, "outside [0, 1]"),
         ({"merge": {"staleness": "reject"}}, "max_staleness is required"),
         ({"run": {"name": "bad name!"}}, "run.name"),
+        ({"ledger": {"url": "postgresql+psycopg://u:s3cret@h/db"}}, "must not contain a password"),
+        ({"store": {"storage_options": {"secret": "x"}}}, "must not hold credentials (secret)"),
     ],
 )
 def test_invalid_configs_name_the_key(data: dict, needle: str) -> None:
@@ -43,6 +45,7 @@ def test_invalid_configs_name_the_key(data: dict, needle: str) -> None:
     msg = str(info.value)
     assert needle in msg
     assert "\n" not in msg
+    assert "s3cret" not in msg
 
 
 def test_overrides_parse_toml_values() -> None:
