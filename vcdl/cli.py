@@ -93,6 +93,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("run")
     s.add_argument("--json", action="store_true")
 
+    co = sub.add_parser("cost", parents=[common], help="a run's cost, waste and spot savings")
+    co.add_argument("run")
+    co.add_argument("--json", action="store_true")
+    co.add_argument("--instance", default="g4dn.xlarge", help="instance type of every worker")
+    co.add_argument("--prices", help="TOML file overriding vcdl's dated list prices")
+
     a = sub.add_parser(
         "audit", parents=[common], help="check a run's invariants (exit 1 if any fail)"
     )
@@ -342,6 +348,17 @@ def _dispatch(args: argparse.Namespace) -> int:
                 f"{r.name:30} {r.state:10} epochs {r.epochs_completed:>4} "
                 f"head v{r.head_version:<6} {r.updated_at:%Y-%m-%d %H:%M}"
             )
+        return 0
+    if args.command == "cost":
+        from vcdl.cost import cost_report, format_cost, load_prices
+
+        report = cost_report(
+            api._ledger(args.home, args.ledger),
+            args.run,
+            load_prices(args.prices),
+            instance_type=args.instance,
+        )
+        print(json.dumps(report, indent=2, default=str) if args.json else format_cost(report))
         return 0
     if args.command == "status":
         _print_summary(api.status(args.run, args.home, args.ledger), args.json)
