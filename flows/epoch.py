@@ -28,6 +28,7 @@ from flows.reporting import ProgressUpdater
 from vcdl.assimilator import MERGEABLE_ATTEMPT_STATES, HeadCache, merge_attempt
 from vcdl.attempt import TERMINAL_SUBTASK_STATES, run_attempt
 from vcdl.config import RunConfig
+from vcdl.errors import EpochFailed
 from vcdl.ledger import Subtask
 from vcdl.preemption import Preempted, notice_received
 from vcdl.runs import evaluate_version
@@ -163,10 +164,13 @@ class EpochDriver:
         sub = self._subtask(key)
         if sub.state in TERMINAL_SUBTASK_STATES:
             return
-        if sub.attempts >= self.cfg.fault.max_attempts:
+        # Count submissions too: a task that fails before it can claim an
+        # attempt (broken worker environment) must not be reissued forever.
+        tries = max(sub.attempts, self.submitted.get(key, 0))
+        if tries >= self.cfg.fault.max_attempts:
             assert sub.id is not None
             self.ledger.set_subtask_state(
-                sub.id, "failed", reason=f"{sub.attempts} attempts, last: {reason}"
+                sub.id, "failed", reason=f"{tries} attempts, last: {reason}"
             )
             self.tally["failed"] += 1
             self.log.error("epoch %d shard %d failed for good: %s", key[0], key[1], reason)
@@ -315,6 +319,13 @@ class EpochDriver:
             self.submit(key)
         started = time.perf_counter()
         self.drain()
+        subs = self.ledger.subtasks(self.ref.run, self.epoch)
+        if not any(s.state == "merged" for s in subs):
+            reasons = sorted({s.reason or "" for s in subs if s.state == "failed"})
+            raise EpochFailed(
+                f"epoch {self.epoch} of run {self.ref.run}: no shard could be merged "
+                f"({'; '.join(reasons)[:500]}); fix the cause and `vcdl resume {self.ref.run}`"
+            )
         self._settle()
         head = self.ledger.get_run(self.ref.run).head_version
         ev = (

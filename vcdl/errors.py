@@ -74,3 +74,7 @@ class AlreadyMerged(LedgerError):
 
 class LeaseHeld(LedgerError):
     """Another driver process holds the run's lease."""
+
+
+class EpochFailed(VcdlError, RuntimeError):
+    """No shard of an epoch could be merged: every attempt failed or was rejected."""
