@@ -15,8 +15,10 @@ the two rules the rest of vcdl relies on (DESIGN.md §1):
 
 Every public method is one transaction and returns detached row objects (safe
 to read after the call; changing them changes nothing in the ledger). The
-queries are SQLAlchemy Core, one statement per step and ``RETURNING`` where
-it saves a round trip: the merge path runs thousands of times per epoch.
+queries are SQLAlchemy Core with ``RETURNING`` where it saves a round trip; on
+PostgreSQL most calls are a single statement in autocommit mode, and starting
+an attempt and committing a merge are one statement each
+(:mod:`vcdl.ledger_engine`): the merge path runs thousands of times per epoch.
 """
 
 from __future__ import annotations
@@ -25,16 +27,27 @@ import json
 import logging
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
+from uuid import uuid4
 
-from sqlalchemy import Connection, Select, and_, case, func, insert, literal, or_, select, update
+from sqlalchemy import Connection, Select, and_, bindparam, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import SQLModel
 
 from vcdl.errors import AlreadyMerged, HeadConflict, LeaseHeld, LedgerError, RunNotFound
-from vcdl.ledger_engine import LedgerEngine, load, redact_url
+from vcdl.ledger_engine import (
+    TABLES,
+    LedgerEngine,
+    commit_merge_row,
+    load,
+    many,
+    mark_duplicate,
+    one,
+    redact_url,
+    start_attempt_row,
+)
 from vcdl.ledger_models import (
     ATTEMPT_STATES,
     RUN_STATES,
@@ -53,6 +66,7 @@ __all__ = [
     "SUBTASK_STATES",
     "Attempt",
     "Evaluation",
+    "HeadMoved",
     "Ledger",
     "Run",
     "Subtask",
@@ -62,15 +76,35 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_RUN: Final = SQLModel.metadata.tables["run"]
-_SUB: Final = SQLModel.metadata.tables["subtask"]
-_ATT: Final = SQLModel.metadata.tables["attempt"]
-_VER: Final = SQLModel.metadata.tables["version"]
-_EVAL: Final = SQLModel.metadata.tables["evaluation"]
-# A subtask in one of these states keeps it when another attempt starts.
-_SUBTASK_FINAL: Final = ("merged", "dropped", "failed")
+_RUN, _SUB, _ATT, _VER, _EVAL = (
+    TABLES[t] for t in ("run", "subtask", "attempt", "version", "evaluation")
+)
 
 M = TypeVar("M", bound=SQLModel)
+
+
+# The head version row of run :name (prebuilt: the hottest read of all).
+_HEAD = (
+    select(_VER)
+    .join(_RUN, and_(_RUN.c.name == _VER.c.run, _RUN.c.head_version == _VER.c.number))
+    .where(_RUN.c.name == bindparam("name"))
+)
+
+
+class HeadMoved(HeadConflict):
+    """The :class:`HeadConflict` of a merge onto a head that had moved on.
+
+    ``head`` is the head :meth:`Ledger.commit_merge` found: merge onto it and
+    retry, without reading the head again.
+    """
+
+    def __init__(self, message: str, head: Version) -> None:
+        super().__init__(message)
+        self.head = head
+
+    def __reduce__(self) -> tuple[type[HeadMoved], tuple[str, Version]]:
+        # Exceptions cross process boundaries (Dask, Prefect) by pickle.
+        return type(self), (str(self), self.head)
 
 
 class _LostRace(Exception):
@@ -105,10 +139,10 @@ class Ledger:
         return RunNotFound(f"no run {name!r} in ledger {self._display}; `vcdl runs` lists them")
 
     def _get_run(self, c: Connection, name: str) -> Run:
-        row = c.execute(select(_RUN).where(_RUN.c.name == name)).mappings().first()
-        if row is None:
+        run = one(c, Run, select(_RUN).where(_RUN.c.name == name))
+        if run is None:
             raise self._not_found(name)
-        return load(Run, row)
+        return run
 
     def _check_run(self, c: Connection, name: str) -> None:
         if c.execute(select(_RUN.c.name).where(_RUN.c.name == name)).first() is None:
@@ -218,20 +252,13 @@ class Ledger:
     def find_run(self, name: str) -> Run | None:
         """Run ``name``, or None."""
 
-        def tx(c: Connection) -> Run | None:
-            row = c.execute(select(_RUN).where(_RUN.c.name == name)).mappings().first()
-            return None if row is None else load(Run, row)
-
-        return self._db.read(tx)
+        return self._db.read(lambda c: one(c, Run, select(_RUN).where(_RUN.c.name == name)))
 
     def list_runs(self) -> list[Run]:
         """Every run, oldest first."""
 
-        def tx(c: Connection) -> list[Run]:
-            rows = c.execute(select(_RUN).order_by(_RUN.c.created_at, _RUN.c.name)).mappings()
-            return [load(Run, row) for row in rows]
-
-        return self._db.read(tx)
+        stmt = select(_RUN).order_by(_RUN.c.created_at, _RUN.c.name)
+        return self._db.read(lambda c: many(c, Run, stmt))
 
     def update_run(
         self,
@@ -248,65 +275,40 @@ class Ledger:
             raise LedgerError(f"invalid run state {state!r}; one of {sorted(RUN_STATES)}")
         if epochs_completed is not None and epochs_completed < 0:
             raise LedgerError(f"epochs_completed must be >= 0, got {epochs_completed}")
-        values = {
-            k: v
-            for k, v in (
-                ("state", state),
-                ("epochs_completed", epochs_completed),
-                ("config", config),
-            )
-            if v is not None
-        }
+        given = {"state": state, "epochs_completed": epochs_completed, "config": config}
+        values = {k: v for k, v in given.items() if v is not None} | {"updated_at": utcnow()}
+        stmt = update(_RUN).where(_RUN.c.name == name).values(values).returning(_RUN)
 
         def tx(c: Connection) -> Run:
-            row = (
-                c.execute(
-                    update(_RUN)
-                    .where(_RUN.c.name == name)
-                    .values(**values, updated_at=utcnow())
-                    .returning(_RUN)
-                )
-                .mappings()
-                .first()
-            )
-            if row is None:
+            run = one(c, Run, stmt)
+            if run is None:
                 raise self._not_found(name)
-            return load(Run, row)
+            return run
 
-        return self._db.write(tx)
+        return self._db.single(tx)
 
     # -- versions -------------------------------------------------------------
 
     def _get_version(self, c: Connection, name: str, number: int) -> Version:
-        row = (
-            c.execute(select(_VER).where(_VER.c.run == name, _VER.c.number == number))
-            .mappings()
-            .first()
-        )
-        if row is None:
+        version = one(c, Version, select(_VER).where(_VER.c.run == name, _VER.c.number == number))
+        if version is None:
             run = self._get_run(c, name)
             raise LedgerError(f"run {name!r} has no version {number} (head is v{run.head_version})")
-        return load(Version, row)
+        return version
 
     def head(self, name: str) -> Version:
         """The version the run's head points to."""
+        return self._db.read(lambda c: self._head(c, name))
 
-        def tx(c: Connection) -> Version:
-            on_head = and_(_RUN.c.name == _VER.c.run, _RUN.c.head_version == _VER.c.number)
-            row = (
-                c.execute(select(_VER).join(_RUN, on_head).where(_RUN.c.name == name))
-                .mappings()
-                .first()
+    def _head(self, c: Connection, name: str) -> Version:
+        version = one(c, Version, _HEAD, {"name": name})
+        if version is None:
+            run = self._get_run(c, name)
+            raise LedgerError(
+                f"head v{run.head_version} of run {name!r} has no version row; "
+                f"ledger {self._display} is inconsistent"
             )
-            if row is None:
-                run = self._get_run(c, name)
-                raise LedgerError(
-                    f"head v{run.head_version} of run {name!r} has no version row; "
-                    f"ledger {self._display} is inconsistent"
-                )
-            return load(Version, row)
-
-        return self._db.read(tx)
+        return version
 
     def get_version(self, name: str, number: int) -> Version:
         """Version ``number`` of run ``name``."""
@@ -319,7 +321,7 @@ class Ledger:
 
     def _rows_of_run(self, c: Connection, model: type[M], stmt: Select[Any], name: str) -> list[M]:
         """The rows ``stmt`` selects as ``model``s; none only if the run exists."""
-        rows = [load(model, row) for row in c.execute(stmt).mappings()]
+        rows = many(c, model, stmt)
         if not rows:
             self._check_run(c, name)
         return rows
@@ -347,10 +349,8 @@ class Ledger:
                 .values(rows)
                 .on_conflict_do_nothing(index_elements=["run", "epoch", "shard"])
             )
-            stmt = (
-                select(_SUB).where(_SUB.c.run == name, _SUB.c.epoch == epoch).order_by(_SUB.c.shard)
-            )
-            return [load(Subtask, row) for row in c.execute(stmt).mappings()]
+            stmt = select(_SUB).where(_SUB.c.run == name, _SUB.c.epoch == epoch)
+            return many(c, Subtask, stmt.order_by(_SUB.c.shard))
 
         return self._db.write(tx)
 
@@ -373,20 +373,18 @@ class Ledger:
         if state == "merged":
             raise LedgerError("a subtask becomes merged only through commit_merge")
 
+        # One conditional UPDATE: it cannot slip in after a concurrent merge.
+        stmt = (
+            update(_SUB)
+            .where(_SUB.c.id == subtask_id, _SUB.c.merged_version.is_(None))
+            .values(state=state, reason=reason)
+            .returning(_SUB)
+        )
+
         def tx(c: Connection) -> Subtask:
-            # One conditional UPDATE: it cannot slip in after a concurrent merge.
-            row = (
-                c.execute(
-                    update(_SUB)
-                    .where(_SUB.c.id == subtask_id, _SUB.c.merged_version.is_(None))
-                    .values(state=state, reason=reason)
-                    .returning(_SUB)
-                )
-                .mappings()
-                .first()
-            )
-            if row is not None:
-                return load(Subtask, row)
+            subtask = one(c, Subtask, stmt)
+            if subtask is not None:
+                return subtask
             sub = c.execute(select(_SUB).where(_SUB.c.id == subtask_id)).first()
             if sub is None:
                 raise LedgerError(f"no subtask with id {subtask_id} in ledger {self._display}")
@@ -395,7 +393,7 @@ class Ledger:
                 f"merged as v{sub.merged_version}; its state is final"
             )
 
-        return self._db.write(tx)
+        return self._db.single(tx)
 
     # -- attempts -------------------------------------------------------------
 
@@ -415,50 +413,41 @@ class Ledger:
         (duplicates are facts too). ``base_version`` defaults to the head read
         in the same transaction.
         """
+        values: dict[str, Any] = {
+            "id": uuid4().hex,
+            "run": name,
+            "epoch": epoch,
+            "shard": shard,
+            "worker": worker,
+            "started_at": utcnow(),
+            "deadline": deadline,
+        }
 
         def tx(c: Connection) -> Attempt:
-            # The UPDATE takes the subtask's row lock, so concurrent starts of
-            # one subtask take turns and attempt numbers are 1, 2, 3, ...
-            # without gaps or repeats; it returns the run's head on the way.
-            head = select(_RUN.c.head_version).where(_RUN.c.name == name).scalar_subquery()
-            counted = c.execute(
-                update(_SUB)
-                .where(_SUB.c.run == name, _SUB.c.epoch == epoch, _SUB.c.shard == shard)
-                .values(
-                    attempts=_SUB.c.attempts + 1,
-                    state=case(
-                        (_SUB.c.state.in_(_SUBTASK_FINAL), _SUB.c.state), else_=literal("running")
-                    ),
-                )
-                .returning(_SUB.c.id, _SUB.c.attempts, head.label("head"))
-            ).first()
-            if counted is None:
-                self._check_run(c, name)
+            row = start_attempt_row(c, self.backend, values, base_version)
+            if row is None:
+                head = c.execute(select(_RUN.c.head_version).where(_RUN.c.name == name)).scalar()
+                if head is None:
+                    raise self._not_found(name)
+                if base_version is not None and not 0 <= base_version <= head:
+                    raise LedgerError(
+                        f"base version {base_version} of run {name!r} does not exist "
+                        f"(head is v{head})"
+                    )
                 raise LedgerError(
                     f"run {name!r} has no subtask epoch {epoch} shard {shard}; "
                     "ensure_subtasks() creates an epoch's subtasks"
                 )
-            base = counted.head if base_version is None else base_version
-            if not 0 <= base <= counted.head:
-                raise LedgerError(
-                    f"base version {base} of run {name!r} does not exist (head is v{counted.head})"
-                )
-            attempt = Attempt(
-                run=name,
-                subtask_id=counted.id,
-                epoch=epoch,
-                shard=shard,
-                number=counted.attempts,
-                worker=worker,
-                base_version=base,
-                state="running",
-                started_at=utcnow(),
-                deadline=deadline,
+            subtask_id, number, base = row
+            return load(
+                Attempt,
+                values
+                | {"subtask_id": subtask_id, "number": number, "base_version": base}
+                | {"state": "running", "finished_at": None, "reason": None, "result_uri": None}
+                | {"samples": None, "loss": None, "train_seconds": None},
             )
-            c.execute(insert(_ATT).values(attempt.model_dump()))
-            return attempt
 
-        return self._db.write(tx)
+        return self._db.single(tx)
 
     def finish_attempt(
         self,
@@ -488,30 +477,27 @@ class Ledger:
             "reason": reason,
         }
         values = {k: v for k, v in given.items() if v is not None}
+        stmt = (
+            update(_ATT)
+            .where(_ATT.c.id == attempt_id, _ATT.c.state != "merged")
+            .values(values | {"state": state, "finished_at": utcnow()})
+            .returning(_ATT)
+        )
 
         def tx(c: Connection) -> Attempt:
-            row = (
-                c.execute(
-                    update(_ATT)
-                    .where(_ATT.c.id == attempt_id, _ATT.c.state != "merged")
-                    .values(**values, state=state, finished_at=utcnow())
-                    .returning(_ATT)
-                )
-                .mappings()
-                .first()
-            )
-            if row is not None:
-                return load(Attempt, row)
+            attempt = one(c, Attempt, stmt)
+            if attempt is not None:
+                return attempt
             self._get_attempt(c, attempt_id)
             raise LedgerError(f"attempt {attempt_id} is merged; its state is final")
 
-        return self._db.write(tx)
+        return self._db.single(tx)
 
     def _get_attempt(self, c: Connection, attempt_id: str) -> Attempt:
-        row = c.execute(select(_ATT).where(_ATT.c.id == attempt_id)).mappings().first()
-        if row is None:
+        attempt = one(c, Attempt, select(_ATT).where(_ATT.c.id == attempt_id))
+        if attempt is None:
             raise LedgerError(f"no attempt {attempt_id!r} in ledger {self._display}")
-        return load(Attempt, row)
+        return attempt
 
     def get_attempt(self, attempt_id: str) -> Attempt:
         """Attempt ``attempt_id``."""
@@ -543,76 +529,50 @@ class Ledger:
         One transaction. Raises :class:`AlreadyMerged` (after marking the
         attempt "duplicate") if the subtask has a merged version, and
         :class:`HeadConflict` (changing nothing) if the head is no longer
-        ``expected_head``: re-read the head, merge onto it, and call again.
+        ``expected_head``: merge onto the current head and call again. That
+        head comes with the error when it is known (:class:`HeadMoved`), so
+        the retry need not read it again.
         """
-        new = expected_head + 1
+        new, now = expected_head + 1, utcnow()
+        params = {
+            "attempt_id": attempt_id,
+            "run": name,
+            "expected": expected_head,
+            "new": new,
+            "now": now,
+            "alpha": alpha,
+            "staleness": staleness,
+            "uri": uri,
+            "checksum": checksum,
+        }
 
         def tx(c: Connection) -> Version | tuple[int, str]:
-            # Lock the subtask before the run: merges of one subtask queue here
-            # on PostgreSQL, so the check below sees any merge that committed
-            # first. (SQLite's BEGIN IMMEDIATE already serializes everything.)
-            # Always subtask-then-run, so no two merges can deadlock.
-            row = c.execute(
-                select(
-                    _ATT.c.run,
-                    _ATT.c.subtask_id,
-                    _ATT.c.epoch,
-                    _ATT.c.state,
-                    _ATT.c.finished_at,
-                    _SUB.c.merged_version,
-                )
-                .join_from(_ATT, _SUB, _SUB.c.id == _ATT.c.subtask_id)
-                .where(_ATT.c.id == attempt_id)
-                .with_for_update(of=_SUB)
-            ).first()
+            try:
+                row = commit_merge_row(c, self.backend, params)
+            except IntegrityError as exc:
+                raise _LostRace() from exc
             if row is None:
                 raise LedgerError(f"no attempt {attempt_id!r} in ledger {self._display}")
             if row.run != name:
                 raise LedgerError(f"attempt {attempt_id} belongs to run {row.run!r}, not {name!r}")
-            now = utcnow()
             if row.merged_version is not None:
-                # Committed, then AlreadyMerged below.
-                return _mark_duplicate(c, attempt_id, row.state, row.merged_version, now)
-            # The subtask and attempt rows first (the subtask is locked already),
-            # the run row last: every merger of the run waits for that row, so
-            # it is held only for the CAS, the version insert and the commit.
-            merged = {"state": "merged"} | ({} if row.finished_at else {"finished_at": now})
-            c.execute(update(_ATT).where(_ATT.c.id == attempt_id).values(merged))
-            c.execute(
-                update(_SUB)
-                .where(_SUB.c.id == row.subtask_id)
-                .values(state="merged", merged_version=new, reason=None)
-            )
-            cas = c.execute(
-                update(_RUN)
-                .where(_RUN.c.name == name, _RUN.c.head_version == expected_head)
-                .values(head_version=new, updated_at=now)
-            )
-            if cas.rowcount != 1:
-                run = self._get_run(c, name)
-                raise HeadConflict(
-                    f"head of run {name!r} is v{run.head_version}, not v{expected_head}: "
-                    "re-read the head, merge onto it and retry"
+                return row.merged_version, row.state  # AlreadyMerged, below
+            if row.version_id is None:
+                # The head as it is now: as the statement saw it, or a new read.
+                head = row.head or self._head(c, name)
+                raise HeadMoved(
+                    f"head of run {name!r} is v{head.number}, not v{expected_head}: "
+                    "merge onto that head and retry",
+                    head,
                 )
-            version = Version(
-                run=name,
-                number=new,
-                parent=expected_head,
-                subtask_id=row.subtask_id,
-                attempt_id=attempt_id,
-                epoch=row.epoch,
-                alpha=alpha,
-                staleness=staleness,
-                uri=uri,
-                checksum=checksum,
-                created_at=now,
+            version = {"id": row.version_id, "run": name, "number": new, "parent": expected_head}
+            return load(
+                Version,
+                version
+                | {"subtask_id": row.subtask_id, "attempt_id": attempt_id, "epoch": row.epoch}
+                | {"alpha": alpha, "staleness": staleness, "uri": uri, "checksum": checksum}
+                | {"created_at": now},
             )
-            try:
-                values = version.model_dump(exclude={"id"})
-                version.id = c.execute(insert(_VER).values(values).returning(_VER.c.id)).scalar()
-            except IntegrityError as exc:
-                raise _LostRace() from exc
-            return version
 
         def conflict() -> LedgerError:
             return HeadConflict(
@@ -621,7 +581,7 @@ class Ledger:
             )
 
         try:
-            result = self._db.write(tx, on_transient=conflict)
+            result = self._db.single(tx, on_transient=conflict)
         except _LostRace as race:
             merged = self._after_lost_race(attempt_id)
             if merged is None:
@@ -655,7 +615,7 @@ class Ledger:
             ).scalar()
             if number is None:
                 return None
-            return _mark_duplicate(c, attempt_id, attempt.state, number, utcnow())
+            return number, mark_duplicate(c, attempt_id, attempt.state, number, utcnow())
 
         return self._db.write(tx)
 
@@ -732,7 +692,7 @@ class Ledger:
                 "it to finish, or stop that process and retry once its lease has expired"
             )
 
-        self._db.write(tx)
+        self._db.single(tx)
 
     def release_lease(self, name: str, owner: str) -> None:
         """Give up ``owner``'s lease on the run; a no-op if ``owner`` does not hold it."""
@@ -746,7 +706,7 @@ class Ledger:
             if cas.rowcount == 0:
                 self._check_run(c, name)
 
-        self._db.write(tx)
+        self._db.single(tx)
 
 
 def _check_json(name: str, config: str) -> None:
@@ -754,22 +714,3 @@ def _check_json(name: str, config: str) -> None:
         json.loads(config)
     except ValueError as exc:
         raise LedgerError(f"config of run {name!r} is not JSON text: {exc}") from exc
-
-
-def _mark_duplicate(
-    c: Connection, attempt_id: str, state: str, merged_version: int, now: datetime
-) -> tuple[int, str]:
-    """Record the attempt as a duplicate of ``merged_version``; that number and its state."""
-    if state == "merged":
-        # The winner itself, merged again by a retrying caller: it stays merged.
-        return merged_version, state
-    c.execute(
-        update(_ATT)
-        .where(_ATT.c.id == attempt_id)
-        .values(
-            state="duplicate",
-            reason=f"subtask already merged as v{merged_version}",
-            finished_at=func.coalesce(_ATT.c.finished_at, literal(now, _ATT.c.finished_at.type)),
-        )
-    )
-    return merged_version, "duplicate"

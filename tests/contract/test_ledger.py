@@ -9,17 +9,24 @@ tests/conftest.py).
 from __future__ import annotations
 
 import json
+import logging
+import pickle
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 
 from vcdl.errors import AlreadyMerged, HeadConflict, LeaseHeld, LedgerError, RunNotFound
-from vcdl.ledger import Ledger, Version, redact_url
+from vcdl.ledger import HeadMoved, Ledger, Version, redact_url
+from vcdl.ledger_engine import LedgerEngine
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -181,6 +188,42 @@ def test_attempts_are_numbered_per_subtask(ledger: Ledger) -> None:
         ledger.start_attempt("a", 5, 0, "w1")
     with pytest.raises(LedgerError, match="base version 9"):
         ledger.start_attempt("a", 0, 0, "w1", base_version=9)
+    with pytest.raises(LedgerError, match=r"base version -1 .* does not exist"):
+        ledger.start_attempt("a", 0, 0, "w1", base_version=-1)
+    assert ledger.subtasks("a", 0)[0].attempts == 1  # the refused starts changed nothing
+
+
+def test_returned_rows_are_the_stored_rows(ledger: Ledger) -> None:
+    """What a write returns is exactly what a later read gets, every field."""
+    new_run(ledger, "a")
+    attempt = ledger.start_attempt("a", 0, 0, "w1")
+    assert attempt.model_dump() == ledger.get_attempt(attempt.id).model_dump()
+    finished = ledger.finish_attempt(attempt.id, state="finished", samples=10, loss=0.25)
+    assert finished.model_dump() == ledger.get_attempt(attempt.id).model_dump()
+    version = ledger.commit_merge(
+        "a", attempt.id, expected_head=0, uri="a/v1", checksum="c1", alpha=0.5, staleness=0
+    )
+    stored = ledger.get_version("a", 1).model_dump()
+    assert version.model_dump() == stored and stored["attempt_id"] == attempt.id
+    assert ledger.head("a").model_dump() == stored
+    run = ledger.update_run("a", state="running")
+    assert run.model_dump() == ledger.get_run("a").model_dump()
+
+
+def test_rows_work_in_a_fresh_process(db_url: str) -> None:
+    # Rows are built without __init__; in a new process nothing else has set
+    # up the ORM's attribute machinery yet (a bug seen once: "impl is None").
+    code = (
+        "import sys; from vcdl.ledger import Ledger\n"
+        "with Ledger(sys.argv[1]) as led:\n"
+        "    led.create_run('a', '{}', 'a/v0', 'c0'); led.ensure_subtasks('a', 0, 1)\n"
+        "    attempt = led.start_attempt('a', 0, 0, 'w')\n"
+        "    print(attempt.id == led.get_attempt(attempt.id).id, led.head('a').number)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, db_url], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.split() == ["True", "0"], done.stderr
 
 
 def test_start_attempt_reads_the_current_head(ledger: Ledger) -> None:
@@ -285,6 +328,26 @@ def test_stale_expected_head_is_a_head_conflict(ledger: Ledger) -> None:
     assert merge(ledger, "a", second.id, 1) == 2
     with pytest.raises(HeadConflict):
         merge(ledger, "a", ledger.start_attempt("a", 0, 2, "w3").id, 7)
+
+
+def test_head_conflict_carries_the_head(ledger: Ledger) -> None:
+    new_run(ledger, "a")
+    merge(ledger, "a", ledger.start_attempt("a", 0, 0, "w1").id, 0)
+    merge(ledger, "a", ledger.start_attempt("a", 0, 1, "w1").id, 1)
+    late = ledger.start_attempt("a", 0, 2, "w2", base_version=0)
+    with pytest.raises(HeadMoved) as info:
+        merge(ledger, "a", late.id, 0)
+    moved = info.value
+    assert isinstance(moved, HeadConflict)  # callers catching HeadConflict still do
+    assert moved.head.model_dump() == ledger.head("a").model_dump()  # every field, tz-aware
+    assert moved.head.number == 2 and moved.head.created_at.tzinfo is not None
+    assert moved.head.uri == "a/v2" and moved.head.parent == 1
+    # It survives pickling (Dask and Prefect ship exceptions between processes).
+    again = pickle.loads(pickle.dumps(moved))
+    assert type(again) is HeadMoved and str(again) == str(moved)
+    assert again.head.number == 2 and again.head.checksum == "sum2"
+    # Retrying onto the head it carried succeeds.
+    assert merge(ledger, "a", late.id, moved.head.number) == 3
 
 
 def test_second_merge_of_a_subtask_is_already_merged(ledger: Ledger) -> None:
@@ -467,3 +530,124 @@ def test_sqlite_ledger_settings(sqlite_url: str) -> None:
         with led._engine.connect() as conn:
             assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
             assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
+
+
+# -- pools and schema ---------------------------------------------------------
+
+
+def _with_query(url: str, **params: str) -> str:
+    return make_url(url).update_query_dict(params).render_as_string(hide_password=False)
+
+
+def test_pool_settings_from_url_then_environment(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VCDL_LEDGER_POOL_SIZE", "4")
+    monkeypatch.setenv("VCDL_LEDGER_POOL_RECYCLE", "77")
+    url = _with_query(db_url, pool_size="3", max_overflow="1", pool_timeout="5")
+    with Ledger(url) as led:
+        pool = led._engine.pool
+        # The URL wins over the environment, the environment over the defaults.
+        assert (pool.size(), pool._max_overflow, pool._timeout) == (3, 1, 5)  # type: ignore[attr-defined]
+        assert pool._recycle == 77
+        led.create_run("a", "{}", "a/v0", "c0")  # the options were not passed to the driver
+        assert led.url == url  # child processes get the same settings
+    monkeypatch.delenv("VCDL_LEDGER_POOL_SIZE")
+    monkeypatch.delenv("VCDL_LEDGER_POOL_RECYCLE")
+    with Ledger(db_url) as led:
+        pool = led._engine.pool
+        assert (pool.size(), pool._max_overflow, pool._recycle) == (2, 8, 1800)  # type: ignore[attr-defined]
+
+
+def test_bad_pool_settings_are_refused_without_the_password(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = "postgresql+psycopg://u:s3cr3t-pw@127.0.0.1:1/x"
+    with pytest.raises(LedgerError, match="pool_size must be a number >= 0") as info:
+        Ledger(url + "?pool_size=many")
+    assert "s3cr3t-pw" not in str(info.value) and "u:***@" in str(info.value)
+    monkeypatch.setenv("VCDL_LEDGER_MAX_OVERFLOW", "-1")
+    with pytest.raises(LedgerError, match=r"\$VCDL_LEDGER_MAX_OVERFLOW must be"):
+        Ledger(url)
+
+
+@pytest.mark.postgres
+def test_postgres_connection_defaults(pg_url: str) -> None:
+    url = make_url(pg_url)
+    with Ledger(pg_url) as led, led._engine.connect() as conn:
+        # The URL's own application_name (the fixture's) is kept ...
+        assert (
+            conn.exec_driver_sql("SHOW application_name").scalar() == url.query["application_name"]
+        )
+    bare = url.difference_update_query(["application_name"]).render_as_string(hide_password=False)
+    with Ledger(bare) as led, led._engine.connect() as conn:
+        # ... else the ledger's connections say who they are.
+        assert conn.exec_driver_sql("SHOW application_name").scalar() == "vcdl"
+
+
+@pytest.mark.postgres
+def test_connections_idle_past_ping_idle_are_pinged_and_replaced(pg_url: str) -> None:
+    """A server that hung up on pooled connections costs a reconnect, not an error."""
+    from tests.pgfixture import _connect_admin
+
+    app = make_url(pg_url).query["application_name"]
+    admin, _user = _connect_admin()
+
+    def hang_up() -> None:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = %s AND pid <> pg_backend_pid()",
+            (app,),
+        )
+
+    with admin:
+        with Ledger(_with_query(pg_url, pool_ping_idle="0.2")) as led:
+            led.create_run("a", "{}", "a/v0", "c0")
+            hang_up()
+            time.sleep(0.3)  # idle past pool_ping_idle: pinged, found dead, replaced
+            assert led.get_run("a").name == "a"
+            assert not led._engine.pool._pre_ping
+        with Ledger(_with_query(pg_url, pool_ping_idle="60")) as led:
+            led.get_run("a")
+            hang_up()
+            # Used again within pool_ping_idle: not pinged (that is the point:
+            # no round trip per call), so this call fails ...
+            with pytest.raises(LedgerError, match="ledger postgresql"):
+                led.get_run("a")
+            # ... and its error invalidates the pool: the next call reconnects.
+            assert led.get_run("a").name == "a"
+    with Ledger(_with_query(pg_url, pool_ping_idle="0")) as led:
+        assert led._engine.pool._pre_ping  # SQLAlchemy's own: every checkout
+
+
+def test_password_never_logged(db_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    url = make_url(db_url)
+    if url.get_backend_name() == "postgresql":
+        db_url = url.set(password="s3cr3t-pw").render_as_string(hide_password=False)
+    caplog.set_level(logging.DEBUG)
+    with Ledger(db_url) as led:  # a fresh ledger: the migrations log too
+        new_run(led, "a")
+        attempt = led.start_attempt("a", 0, 0, "w")
+        merge(led, "a", attempt.id, 0)
+        with pytest.raises(HeadConflict):
+            merge(led, "a", led.start_attempt("a", 0, 1, "w").id, 0)
+    with pytest.raises(LedgerError):
+        Ledger("postgresql+psycopg://u:s3cr3t-pw@127.0.0.1:1/x?connect_timeout=2")
+    assert caplog.records and "s3cr3t-pw" not in caplog.text
+
+
+def test_driver_errors_are_scrubbed_of_the_password() -> None:
+    # Should a driver ever echo the password, the LedgerError still hides it.
+    db = LedgerEngine("postgresql+psycopg://u:s3cr3t-pw@db:5432/x")
+    orig = Exception("auth failed for u with password s3cr3t-pw")
+    error = db.error(OperationalError("SELECT 1", {}, orig))
+    assert "s3cr3t-pw" not in str(error) and "password ***" in str(error)
+    db.dispose()
+
+
+def test_open_creates_the_schema_at_head(ledger: Ledger) -> None:
+    from vcdl.migrations import head_revision
+
+    with ledger._engine.connect() as conn:
+        versions = conn.execute(text("SELECT version_num FROM alembic_version")).all()
+    assert versions == [(head_revision(),)]

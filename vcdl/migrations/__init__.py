@@ -17,6 +17,7 @@ Adding a migration: see README.md beside this file
 from __future__ import annotations
 
 import logging
+import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Final
@@ -56,7 +57,7 @@ def alembic_config(connection: Connection | None = None, url: str | None = None)
     ``url``: else connect to this database (kept out of the ini-style options,
     where a ``%`` in the URL would be taken for interpolation).
     """
-    cfg = Config()
+    cfg = Config(stdout=sys.stdout)  # the default is sys.stdout as of import time
     cfg.set_main_option("script_location", SCRIPT_LOCATION)
     # New revisions are named 0002_add_something.py, in order.
     cfg.set_main_option("file_template", "%%(rev)s_%%(slug)s")

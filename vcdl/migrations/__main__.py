@@ -22,10 +22,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
+from alembic.config import Config
 from alembic.util import CommandError
-from sqlalchemy import create_engine, pool
 
 from vcdl.errors import LedgerError
+from vcdl.ledger_engine import LedgerEngine
 from vcdl.migrations import alembic_config, current_revision, head_revision
 
 
@@ -40,6 +41,25 @@ def _database_at_head(url: str | None) -> Iterator[str]:
         yield url
 
 
+def _driver_url(url: str) -> str:
+    """``url`` as the ledger connects to it (driver, no pool parameters)."""
+    db = LedgerEngine(url)
+    db.dispose()
+    return db.engine.url.render_as_string(hide_password=False)
+
+
+def _with_ruff(cfg: Config) -> Config:
+    """Run ruff on the new revision (the dev extra has it), as on every other file."""
+    cfg.set_section_option("post_write_hooks", "hooks", "ruff_fix, ruff_format")
+    for name, options in (("ruff_fix", "check --fix -q"), ("ruff_format", "format -q")):
+        cfg.set_section_option("post_write_hooks", f"{name}.type", "module")
+        cfg.set_section_option("post_write_hooks", f"{name}.module", "ruff")
+        cfg.set_section_option(
+            "post_write_hooks", f"{name}.options", f"{options} REVISION_SCRIPT_FILENAME"
+        )
+    return cfg
+
+
 def _next_rev_id() -> str:
     from vcdl.migrations import _scripts
 
@@ -48,14 +68,22 @@ def _next_rev_id() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vcdl.migrations", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m vcdl.migrations",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command", required=True)
     rev = sub.add_parser("revision", help="write a new revision from the model changes")
     rev.add_argument("-m", "--message", required=True)
     rev.add_argument("--empty", action="store_true", help="no autogenerate: an empty revision")
-    rev.add_argument("--url", help="compare against this database (default: temporary SQLite)")
+    rev.add_argument(
+        "--url", help="compare against this database, upgraded first (default: temporary SQLite)"
+    )
     chk = sub.add_parser("check", help="fail if the models differ from the migrations")
-    chk.add_argument("--url", help="compare against this database (default: temporary SQLite)")
+    chk.add_argument(
+        "--url", help="compare against this database, upgraded first (default: temporary SQLite)"
+    )
     sub.add_parser("history", help="list the revisions")
     up = sub.add_parser("upgrade", help="upgrade a ledger to head")
     up.add_argument("--url", required=True)
@@ -68,10 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "revision":
             rev_id = _next_rev_id()
             if args.empty:
-                command.revision(alembic_config(), message=args.message, rev_id=rev_id)
+                cfg = _with_ruff(alembic_config())
+                command.revision(cfg, message=args.message, rev_id=rev_id)
             else:
                 with _database_at_head(args.url) as url:
-                    cfg = alembic_config(url=url)
+                    cfg = _with_ruff(alembic_config(url=url))
                     command.revision(cfg, message=args.message, autogenerate=True, rev_id=rev_id)
             print("review it, then add a test; see vcdl/migrations/README.md")
         elif args.command == "check":
@@ -80,19 +109,19 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "history":
             command.history(alembic_config())
         elif args.command == "upgrade" and args.sql:
-            command.upgrade(alembic_config(url=args.url), "head", sql=True)
+            command.upgrade(alembic_config(url=_driver_url(args.url)), "head", sql=True)
         elif args.command == "upgrade":
             from vcdl.ledger import Ledger
 
             with Ledger(args.url) as ledger:
                 print(f"{ledger.display_url} is at {head_revision()} (head)")
         elif args.command == "current":
-            engine = create_engine(args.url, poolclass=pool.NullPool)
+            db = LedgerEngine(args.url)
             try:
-                with engine.connect() as conn:
+                with db.engine.connect() as conn:
                     print(current_revision(conn) or "no alembic_version table")
             finally:
-                engine.dispose()
+                db.dispose()
     except (CommandError, LedgerError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
