@@ -230,29 +230,45 @@ def test_ui_shows_epoch_table(trained: dict[str, Any], api: Server, tmp_path: Pa
         f"--user-data-dir={tmp_path / 'chromium-profile'}",
     ):
         opts.add_argument(flag)
+    key = f"vcdl-{RUN}-epoch-1"
+    # The epoch table belongs to the epoch subflow's run: find that flow run.
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:  # the api fixture points it at the server
+        found_artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key]))
+        )
+    assert found_artifacts and found_artifacts[0].flow_run_id is not None
+    fr_id = found_artifacts[0].flow_run_id
+
+    def leaf(text: str) -> str:
+        # the innermost element showing exactly this text (tabs and cards nest spans)
+        return f"//*[normalize-space(.)='{text}' and not(.//*[normalize-space(.)='{text}'])]"
+
+    def click_first(d: Any, text: str) -> bool:
+        for el in d.find_elements(By.XPATH, leaf(text)):
+            with contextlib.suppress(Exception):
+                el.click()
+                return True
+        return False
+
     drv = webdriver.Chrome(service=Service(driver_path), options=opts)
     shot = tmp_path / "flow-run.png"
     try:
-        fr_id = trained["flow_run"].id
-        drv.get(f"{api.url}/runs/flow-run/{fr_id}?tab=Artifacts")
-        key = f"vcdl-{RUN}-epoch-1"
-
-        def shows_table(d: Any) -> bool:
-            text = d.find_element(By.TAG_NAME, "body").text
-            if key in text or "accuracy" in text:
-                return True
-            for tab in d.find_elements(By.XPATH, "//*[normalize-space(text())='Artifacts']"):
-                with contextlib.suppress(Exception):
-                    tab.click()
-            return False
-
-        WebDriverWait(drv, 90, poll_frequency=1).until(shows_table)
+        # The flow run page, its Artifacts tab, the epoch table's card, the table.
+        drv.get(f"{api.url}/runs/flow-run/{fr_id}")
+        WebDriverWait(drv, 90, poll_frequency=1).until(lambda d: click_first(d, "Artifacts"))
+        WebDriverWait(drv, 60, poll_frequency=1).until(lambda d: click_first(d, key))
+        WebDriverWait(drv, 60, poll_frequency=1).until(
+            lambda d: "accuracy" in d.find_element(By.TAG_NAME, "body").text
+        )
         time.sleep(2)  # let the table finish rendering before the screenshot
         drv.save_screenshot(str(shot))
         body = drv.find_element(By.TAG_NAME, "body").text
     finally:
         drv.quit()
-    assert key in body or "accuracy" in body
+    assert key in body and "accuracy" in body and "merges" in body
     assert shot.stat().st_size > 30_000  # a rendered page, not a blank one
     if os.environ.get("VCDL_E2E_SCREENSHOT"):
         shutil.copy(shot, os.environ["VCDL_E2E_SCREENSHOT"])
