@@ -155,18 +155,23 @@ def check_round_trip(state: StateDict, got: StateDict) -> None:
 # --------------------------------------------------------------------------
 
 
+def time_version_io(store: WeightStore, state: StateDict, n: int) -> tuple[float, float]:
+    """Median write and (verified) read seconds of ``state`` as a version in ``store``."""
+    check_round_trip(state, store.read_state(store.write_state("check", state)))
+    store.delete("check")
+    return median_pair(
+        lambda p: store.write_state(p, state),
+        lambda p: store.read_state(p, verify=True),
+        store.delete,
+        n,
+    )
+
+
 def bench_local(state: StateDict, n: int) -> dict[str, float]:
     root = tempfile.mkdtemp(prefix="vcdl-bench-io-")
     try:
         store = WeightStore(os.path.join(root, "store"))
-        check_round_trip(state, store.read_state(store.write_state("check", state)))
-        store.delete("check")
-        vw, vr = median_pair(
-            lambda p: store.write_state(p, state),
-            lambda p: store.read_state(p, verify=True),
-            store.delete,
-            n,
-        )
+        vw, vr = time_version_io(store, state, n)
 
         def file(p: str) -> str:
             return os.path.join(root, f"{p}.pt")
@@ -214,14 +219,7 @@ def bench_s3(state: StateDict, n: int) -> dict[str, float]:
 
     with moto_s3() as (bucket_url, options):
         store = WeightStore(f"{bucket_url}/store", options)
-        check_round_trip(state, store.read_state(store.write_state("check", state)))
-        store.delete("check")
-        vw, vr = median_pair(
-            lambda p: store.write_state(p, state),
-            lambda p: store.read_state(p, verify=True),
-            store.delete,
-            n,
-        )
+        vw, vr = time_version_io(store, state, n)
         fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
         base = bucket_url.removeprefix("s3://")
 
