@@ -121,7 +121,16 @@ def preemptions(address: str, spec: ChaosSpec | None) -> Iterator[Preemptor | No
     events = chaos_schedule(
         spec.rate, 24 * 3600, spec.seed, spec.notice_fraction, start_after=spec.start_after
     )
-    p = Preemptor(address, events, grace=spec.grace, seed=spec.seed, log_path=spec.log)
+    p = Preemptor(
+        address,
+        events,
+        grace=spec.grace,
+        seed=spec.seed,
+        log_path=spec.log,
+        # Fire only while at least two workers are up: a worker killed while
+        # its nanny is still starting it can leave a LocalCluster with none.
+        min_workers=2,
+    )
     p.start()
     try:
         yield p
