@@ -16,15 +16,18 @@ the two rules the rest of vcdl relies on (DESIGN.md §1):
 Every public method is one transaction and returns detached row objects (safe
 to read after the call; changing them changes nothing in the ledger). The
 queries are SQLAlchemy Core with ``RETURNING`` where it saves a round trip; on
-PostgreSQL most calls are a single statement in autocommit mode, and starting
-an attempt and committing a merge are one statement each
-(:mod:`vcdl.ledger_engine`): the merge path runs thousands of times per epoch.
+PostgreSQL most calls are a single statement in autocommit mode. The merge
+path (start_attempt, finish_attempt, head, commit_merge), which runs thousands
+of times per epoch, is one statement per call there, run on psycopg directly
+(:mod:`vcdl.ledger_pg`); SQLite runs it through SQLAlchemy
+(:mod:`vcdl.ledger_engine`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar
@@ -40,6 +43,7 @@ from vcdl.errors import AlreadyMerged, HeadConflict, LeaseHeld, LedgerError, Run
 from vcdl.ledger_engine import (
     TABLES,
     LedgerEngine,
+    MergeRow,
     commit_merge_row,
     load,
     many,
@@ -59,6 +63,15 @@ from vcdl.ledger_models import (
     Version,
     utcnow,
 )
+from vcdl.ledger_pg import (
+    COMMIT_MERGE,
+    COMMIT_MERGE_FIELDS,
+    FINISH_ATTEMPT,
+    HEAD,
+    START_ATTEMPT,
+    PgFastPath,
+    RowLoader,
+)
 
 __all__ = [
     "ATTEMPT_STATES",
@@ -71,6 +84,7 @@ __all__ = [
     "Run",
     "Subtask",
     "Version",
+    "attempt_timings",
     "redact_url",
 ]
 
@@ -81,6 +95,15 @@ _RUN, _SUB, _ATT, _VER, _EVAL = (
 )
 
 M = TypeVar("M", bound=SQLModel)
+
+# Rows of the PostgreSQL fast path (vcdl.ledger_pg) as model objects, and its
+# statements with their select lists filled in.
+_ATTEMPT_ROW = RowLoader(Attempt, _ATT)
+_VERSION_ROW = RowLoader(Version, _VER)
+_HEAD_ROW = RowLoader(Version, _VER, alias="head")
+_PG_FINISH_ATTEMPT = FINISH_ATTEMPT.format(columns=_ATTEMPT_ROW.columns)
+_PG_HEAD = HEAD.format(columns=_VERSION_ROW.columns)
+_PG_COMMIT_MERGE = COMMIT_MERGE.format(columns=_HEAD_ROW.columns)
 
 
 # The head version row of run :name (prebuilt: the hottest read of all).
@@ -126,6 +149,10 @@ class Ledger:
         self._db = LedgerEngine(url)
         self._display = self._db.display
         self._engine = self._db.engine
+        # PostgreSQL runs the merge path's statements on psycopg directly.
+        self._pg = (
+            PgFastPath(self._engine, self._db.error) if self.backend == "postgresql" else None
+        )
         try:
             self._db.ensure_schema()
         except BaseException:
@@ -298,6 +325,11 @@ class Ledger:
 
     def head(self, name: str) -> Version:
         """The version the run's head points to."""
+        if self._pg is not None:
+            row = self._pg.fetch_one(_PG_HEAD, {"name": name})
+            if row is not None:
+                return _VERSION_ROW.load(row)
+            # No such run (or no version row): the error, as SQLite finds it.
         return self._db.read(lambda c: self._head(c, name))
 
     def _head(self, c: Connection, name: str) -> Version:
@@ -423,29 +455,41 @@ class Ledger:
             "deadline": deadline,
         }
 
-        def tx(c: Connection) -> Attempt:
-            row = start_attempt_row(c, self.backend, values, base_version)
-            if row is None:
-                head = c.execute(select(_RUN.c.head_version).where(_RUN.c.name == name)).scalar()
-                if head is None:
-                    raise self._not_found(name)
-                if base_version is not None and not 0 <= base_version <= head:
-                    raise LedgerError(
-                        f"base version {base_version} of run {name!r} does not exist "
-                        f"(head is v{head})"
-                    )
-                raise LedgerError(
-                    f"run {name!r} has no subtask epoch {epoch} shard {shard}; "
-                    "ensure_subtasks() creates an epoch's subtasks"
+        def why_not(c: Connection) -> LedgerError:
+            """Why nothing was started (the statement found no subtask or no base)."""
+            head = c.execute(select(_RUN.c.head_version).where(_RUN.c.name == name)).scalar()
+            if head is None:
+                return self._not_found(name)
+            if base_version is not None and not 0 <= base_version <= head:
+                return LedgerError(
+                    f"base version {base_version} of run {name!r} does not exist (head is v{head})"
                 )
+            return LedgerError(
+                f"run {name!r} has no subtask epoch {epoch} shard {shard}; "
+                "ensure_subtasks() creates an epoch's subtasks"
+            )
+
+        def started(row: tuple[int, int, int]) -> Attempt:
             subtask_id, number, base = row
             return load(
                 Attempt,
                 values
                 | {"subtask_id": subtask_id, "number": number, "base_version": base}
                 | {"state": "running", "finished_at": None, "reason": None, "result_uri": None}
-                | {"samples": None, "loss": None, "train_seconds": None},
+                | {"samples": None, "loss": None, "train_seconds": None, "timings": None},
             )
+
+        if self._pg is not None:
+            pg_row = self._pg.fetch_one(START_ATTEMPT, values | {"base": base_version})
+            if pg_row is None:
+                raise self._db.read(why_not)
+            return started((pg_row[0], pg_row[1], pg_row[2]))
+
+        def tx(c: Connection) -> Attempt:
+            row = start_attempt_row(c, values, base_version)
+            if row is None:
+                raise why_not(c)
+            return started(row)
 
         return self._db.single(tx)
 
@@ -459,8 +503,12 @@ class Ledger:
         loss: float | None = None,
         train_seconds: float | None = None,
         reason: str | None = None,
+        timings: Mapping[str, float] | None = None,
     ) -> Attempt:
         """Record how an attempt ended; sets finished_at. Fields left None are kept.
+
+        ``timings`` (seconds per phase) replaces the attempt's breakdown;
+        :meth:`add_timings` adds phases to it later.
 
         A merged attempt is final, and "merged" itself is set only by
         :meth:`commit_merge`.
@@ -475,12 +523,25 @@ class Ledger:
             "loss": loss,
             "train_seconds": train_seconds,
             "reason": reason,
+            "timings": _timings_json(timings) if timings is not None else None,
         }
+        now = utcnow()
+
+        def merged() -> LedgerError:
+            return LedgerError(f"attempt {attempt_id} is merged; its state is final")
+
+        if self._pg is not None:
+            params = given | {"id": attempt_id, "state": state, "now": now}
+            row = self._pg.fetch_one(_PG_FINISH_ATTEMPT, params)
+            if row is not None:
+                return _ATTEMPT_ROW.load(row)
+            self.get_attempt(attempt_id)  # raises if there is no such attempt
+            raise merged()
         values = {k: v for k, v in given.items() if v is not None}
         stmt = (
             update(_ATT)
             .where(_ATT.c.id == attempt_id, _ATT.c.state != "merged")
-            .values(values | {"state": state, "finished_at": utcnow()})
+            .values(values | {"state": state, "finished_at": now})
             .returning(_ATT)
         )
 
@@ -489,9 +550,25 @@ class Ledger:
             if attempt is not None:
                 return attempt
             self._get_attempt(c, attempt_id)
-            raise LedgerError(f"attempt {attempt_id} is merged; its state is final")
+            raise merged()
 
         return self._db.single(tx)
+
+    def add_timings(self, attempt_id: str, timings: Mapping[str, float]) -> None:
+        """Add phases (seconds) to an attempt's timing breakdown; a phase given again is summed."""
+        if not timings:
+            return
+
+        def tx(c: Connection) -> None:
+            attempt = self._get_attempt(c, attempt_id)
+            merged = attempt_timings(attempt)
+            for k, v in timings.items():
+                merged[k] = merged.get(k, 0.0) + float(v)
+            c.execute(
+                update(_ATT).where(_ATT.c.id == attempt_id).values(timings=_timings_json(merged))
+            )
+
+        self._db.single(tx)
 
     def _get_attempt(self, c: Connection, attempt_id: str) -> Attempt:
         attempt = one(c, Attempt, select(_ATT).where(_ATT.c.id == attempt_id))
@@ -546,11 +623,9 @@ class Ledger:
             "checksum": checksum,
         }
 
-        def tx(c: Connection) -> Version | tuple[int, str]:
-            try:
-                row = commit_merge_row(c, self.backend, params)
-            except IntegrityError as exc:
-                raise _LostRace() from exc
+        def outcome(
+            row: MergeRow | None, read_head: Callable[[], Version]
+        ) -> Version | tuple[int, str]:
             if row is None:
                 raise LedgerError(f"no attempt {attempt_id!r} in ledger {self._display}")
             if row.run != name:
@@ -559,7 +634,7 @@ class Ledger:
                 return row.merged_version, row.state  # AlreadyMerged, below
             if row.version_id is None:
                 # The head as it is now: as the statement saw it, or a new read.
-                head = row.head or self._head(c, name)
+                head = row.head or read_head()
                 raise HeadMoved(
                     f"head of run {name!r} is v{head.number}, not v{expected_head}: "
                     "merge onto that head and retry",
@@ -580,8 +655,22 @@ class Ledger:
                 "re-read the head, merge onto it and retry"
             )
 
+        def tx(c: Connection) -> Version | tuple[int, str]:
+            try:
+                row = commit_merge_row(c, params)
+            except IntegrityError as exc:
+                raise _LostRace() from exc
+            return outcome(row, lambda: self._head(c, name))
+
         try:
-            result = self._db.single(tx, on_transient=conflict)
+            if self._pg is None:
+                result = self._db.single(tx, on_transient=conflict)
+            else:
+                try:
+                    pg_row = self._pg.fetch_one(_PG_COMMIT_MERGE, params, on_transient=conflict)
+                except IntegrityError as exc:
+                    raise _LostRace() from exc
+                result = outcome(_merge_row(pg_row), lambda: self.head(name))
         except _LostRace as race:
             merged = self._after_lost_race(attempt_id)
             if merged is None:
@@ -709,8 +798,40 @@ class Ledger:
         self._db.single(tx)
 
 
+def _merge_row(row: tuple[Any, ...] | None) -> MergeRow | None:
+    """The :class:`MergeRow` of a row of the PostgreSQL merge statement."""
+    if row is None:
+        return None
+    fields, head = row[:COMMIT_MERGE_FIELDS], row[COMMIT_MERGE_FIELDS:]
+    run, subtask_id, epoch, state, merged_version, version_id = fields
+    return MergeRow(
+        run,
+        subtask_id,
+        epoch,
+        state,
+        merged_version,
+        version_id,
+        None if head[0] is None else _HEAD_ROW.load(head),
+    )
+
+
 def _check_json(name: str, config: str) -> None:
     try:
         json.loads(config)
     except ValueError as exc:
         raise LedgerError(f"config of run {name!r} is not JSON text: {exc}") from exc
+
+
+def attempt_timings(attempt: Attempt) -> dict[str, float]:
+    """The attempt's seconds per phase (empty when it has none recorded)."""
+    if not attempt.timings:
+        return {}
+    try:
+        data = json.loads(attempt.timings)
+    except ValueError:
+        return {}
+    return {str(k): float(v) for k, v in data.items() if isinstance(v, int | float)}
+
+
+def _timings_json(timings: Mapping[str, float]) -> str:
+    return json.dumps({str(k): round(float(v), 6) for k, v in timings.items()}, sort_keys=True)

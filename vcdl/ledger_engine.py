@@ -14,15 +14,13 @@ except the queries themselves:
 * the schema on open: Alembic migrations to head (:mod:`vcdl.migrations`),
   serialized between processes by a PostgreSQL advisory lock or SQLite's
   write lock;
-* how each backend runs the two statements of the merge path that need more
-  than one step, starting an attempt and committing a merge
-  (:func:`start_attempt_row`, :func:`commit_merge_row`). On PostgreSQL each
-  is one statement in autocommit mode: one round trip, and the run's row,
-  which every merger waits for, is locked only inside the server, never
-  while a client process is descheduled (16 writers on 2 cores: see
-  benchmarks/ledger.py). On SQLite, whose write lock serializes whole
-  transactions anyway, they are plain statements in a ``BEGIN IMMEDIATE``
-  transaction. :mod:`vcdl.ledger` gives both their meaning and messages.
+* how SQLite runs the two calls of the merge path that need more than one
+  statement, starting an attempt and committing a merge
+  (:func:`start_attempt_row`, :func:`commit_merge_row`): plain statements in
+  a ``BEGIN IMMEDIATE`` transaction, as SQLite's write lock serializes whole
+  transactions anyway. On PostgreSQL each is one statement in autocommit
+  mode, run on psycopg directly (:mod:`vcdl.ledger_pg`). :mod:`vcdl.ledger`
+  gives both their meaning and messages.
 
 Pool settings (PostgreSQL; also honoured for SQLite files) come from the URL's
 query, else the environment, else the defaults below, e.g.
@@ -42,6 +40,17 @@ Every process holds at most ``pool_size + max_overflow`` connections and keeps
 ``pool_size`` of them open while idle, so a fleet needs
 ``processes x (pool_size + max_overflow)`` below the server's
 ``max_connections``; past a few hundred processes, put PgBouncer in between.
+
+Durability: every write waits for its WAL flush (PostgreSQL's default
+``synchronous_commit=on``; SQLite's ``synchronous=FULL``), so a merge reported
+committed survives a crash of the database server or its machine. Where
+throughput matters more, a PostgreSQL ledger may opt in to asynchronous
+commits through its URL, ``...?options=-csynchronous_commit%3Doff``: commits
+then return before the flush (what that gains on a given server:
+benchmarks/ledger.py ``--pg-async-commit``), and a server crash loses the
+last fraction of a second (up to 3 x ``wal_writer_delay``) of acknowledged
+writes — never consistency, but a merge a flow already acted on may vanish.
+It is not the default, and benchmark figures with it are reported apart.
 
 Connections are pinged before use (pre-ping) when they sat idle in the pool
 for ``pool_ping_idle`` seconds or more, so a restarted server or a dropped
@@ -69,9 +78,6 @@ from typing import Any, Final, NamedTuple, TypeVar
 from sqlalchemy import (
     Connection,
     Engine,
-    Float,
-    Integer,
-    bindparam,
     case,
     create_engine,
     event,
@@ -79,7 +85,6 @@ from sqlalchemy import (
     insert,
     literal,
     select,
-    text,
     update,
 )
 from sqlalchemy.engine import URL, make_url
@@ -91,7 +96,7 @@ from sqlmodel import SQLModel
 
 from vcdl import migrations
 from vcdl.errors import LedgerError
-from vcdl.ledger_models import UTCDateTime, Version
+from vcdl.ledger_models import Version
 
 __all__ = [
     "POOL_OPTIONS",
@@ -324,9 +329,12 @@ class LedgerEngine:
                 raise self.error(exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def error(self, exc: DBAPIError, doing: str = "") -> LedgerError:
-        """The :class:`LedgerError` to raise for a database error; no password in it."""
-        detail = str(exc.orig)
+    def error(self, exc: BaseException, doing: str = "") -> LedgerError:
+        """The :class:`LedgerError` to raise for a database error; no password in it.
+
+        ``exc`` is SQLAlchemy's :class:`DBAPIError` or the driver's own error.
+        """
+        detail = str(exc.orig if isinstance(exc, DBAPIError) else exc)
         if self._secret:
             detail = detail.replace(self._secret, "***")
         if "database is locked" in detail:
@@ -443,44 +451,17 @@ def _sqlite_on_begin(conn: Connection) -> None:
 
 # -- the merge path, per backend -----------------------------------------------
 
-# Bumps the subtask's attempt count (its row lock makes concurrent starts take
-# turns, so numbers are 1, 2, 3, ... without gaps) and inserts the attempt,
-# based on :base or, if NULL, on the head. No row: no such subtask, or no
-# version :base; nothing was changed.
-_PG_START_ATTEMPT: Final = text("""
-WITH counted AS (
-    UPDATE subtask
-    SET attempts = attempts + 1,
-        state = CASE WHEN state IN ('merged', 'dropped', 'failed') THEN state
-                     ELSE 'running' END
-    WHERE run = :run AND epoch = :epoch AND shard = :shard
-      AND COALESCE(:base, 0) BETWEEN 0 AND (SELECT head_version FROM run WHERE name = :run)
-    RETURNING id, attempts, (SELECT head_version FROM run WHERE name = :run) AS head
-)
-INSERT INTO attempt (id, run, subtask_id, epoch, shard, number, worker, base_version,
-                     state, started_at, deadline)
-SELECT :id, :run, counted.id, :epoch, :shard, counted.attempts, :worker,
-       COALESCE(:base, counted.head), 'running', :started_at, :deadline
-FROM counted
-RETURNING subtask_id, number, base_version
-""").bindparams(
-    bindparam("base", type_=Integer),
-    bindparam("started_at", type_=UTCDateTime),
-    bindparam("deadline", type_=UTCDateTime),
-)
-
 
 def start_attempt_row(
-    c: Connection, backend: str, values: dict[str, Any], base: int | None
+    c: Connection, values: dict[str, Any], base: int | None
 ) -> tuple[int, int, int] | None:
     """Insert the attempt ``values`` (run, epoch, shard, id, worker, started_at, deadline).
 
     Returns its (subtask id, number, base version), or None if the subtask
     does not exist or there is no version ``base`` (then nothing was changed).
+    SQLite's way, in the caller's ``BEGIN IMMEDIATE`` transaction; PostgreSQL's
+    is one statement, :data:`vcdl.ledger_pg.START_ATTEMPT`.
     """
-    if backend == "postgresql":
-        row = c.execute(_PG_START_ATTEMPT, {**values, "base": base}).first()
-        return None if row is None else (row[0], row[1], row[2])
     head = select(_RUN.c.head_version).where(_RUN.c.name == values["run"]).scalar_subquery()
     counted = c.execute(
         update(_SUB)
@@ -508,80 +489,6 @@ def start_attempt_row(
     return subtask_id, number, base
 
 
-# One merge, all or nothing. ``cur`` reads without locks: the attempt, whether
-# its subtask is merged already (final once set, so an unlocked read is
-# reliable) and whether the head is still :expected. Only if the merge can
-# succeed is the subtask locked (``target``): merges of one subtask queue there,
-# always subtask before run, so two merges cannot deadlock; a lost race seen
-# by the unlocked read costs no lock, no transaction id and no WAL flush. Then
-# the compare-and-swap of the head from :expected to :new and, only if it
-# swapped, the merged attempt and subtask and the new version; or, if the
-# subtask was merged, the attempt recorded as a duplicate. The caller tells
-# the outcomes apart by the row (see MergeRow).
-_PG_COMMIT_MERGE: Final = (
-    text("""
-WITH cur AS (
-    SELECT attempt.run, attempt.subtask_id, attempt.epoch, attempt.state,
-           subtask.merged_version, run.head_version AS head,
-           run.head_version = :expected AS head_ok
-    FROM attempt
-    JOIN subtask ON subtask.id = attempt.subtask_id
-    LEFT JOIN run ON run.name = :run
-    WHERE attempt.id = :attempt_id
-), target AS (
-    SELECT id, merged_version FROM subtask
-    WHERE id = (SELECT subtask_id FROM cur
-                WHERE run = :run AND merged_version IS NULL AND head_ok)
-    FOR UPDATE
-), mergeable AS (
-    SELECT id FROM target WHERE merged_version IS NULL
-), cas AS (
-    UPDATE run SET head_version = :new, updated_at = :now
-    WHERE name = :run AND head_version = :expected AND EXISTS (SELECT FROM mergeable)
-    RETURNING name
-), merged_attempt AS (
-    UPDATE attempt SET state = 'merged', finished_at = COALESCE(finished_at, :now)
-    WHERE id = :attempt_id AND EXISTS (SELECT FROM cas)
-), merged_subtask AS (
-    UPDATE subtask SET state = 'merged', merged_version = :new, reason = NULL
-    WHERE id = (SELECT id FROM mergeable) AND EXISTS (SELECT FROM cas)
-), duplicate AS (
-    UPDATE attempt
-    SET state = 'duplicate', reason = 'subtask already merged as v' || merged.number,
-        finished_at = COALESCE(finished_at, :now)
-    FROM (SELECT COALESCE((SELECT merged_version FROM target),
-                          (SELECT merged_version FROM cur)) AS number) AS merged
-    WHERE attempt.id = :attempt_id AND attempt.state <> 'merged'
-      AND merged.number IS NOT NULL AND EXISTS (SELECT FROM cur WHERE run = :run)
-), new_version AS (
-    INSERT INTO version (run, number, parent, subtask_id, attempt_id, epoch, alpha,
-                         staleness, uri, checksum, created_at)
-    SELECT :run, :new, :expected, mergeable.id, :attempt_id, (SELECT epoch FROM cur),
-           :alpha, :staleness, :uri, :checksum, :now
-    FROM mergeable, cas
-    RETURNING id
-)
-SELECT cur.run, cur.subtask_id, cur.epoch, cur.state,
-       COALESCE((SELECT merged_version FROM target), cur.merged_version) AS merged_version,
-       (SELECT id FROM new_version) AS version_id,
-       head.id AS h_id, head.run AS h_run, head.number AS h_number, head.parent AS h_parent,
-       head.subtask_id AS h_subtask_id, head.attempt_id AS h_attempt_id,
-       head.epoch AS h_epoch, head.alpha AS h_alpha, head.staleness AS h_staleness,
-       head.uri AS h_uri, head.checksum AS h_checksum, head.created_at AS h_created_at
-FROM cur
-LEFT JOIN version AS head ON NOT cur.head_ok AND head.run = :run AND head.number = cur.head
-""")
-    .columns(h_created_at=UTCDateTime)
-    .bindparams(
-        bindparam("now", type_=UTCDateTime),
-        bindparam("new", type_=Integer),
-        bindparam("expected", type_=Integer),
-        bindparam("alpha", type_=Float),
-        bindparam("staleness", type_=Integer),
-    )
-)
-
-
 class MergeRow(NamedTuple):
     """What :func:`commit_merge_row` did, read in this order.
 
@@ -602,29 +509,15 @@ class MergeRow(NamedTuple):
     head: Version | None = None
 
 
-def commit_merge_row(c: Connection, backend: str, params: dict[str, Any]) -> MergeRow | None:
-    """Merge as described at _PG_COMMIT_MERGE; None if there is no such attempt.
+def commit_merge_row(c: Connection, params: dict[str, Any]) -> MergeRow | None:
+    """Merge as :data:`vcdl.ledger_pg.COMMIT_MERGE` does; None if there is no such attempt.
 
-    ``params``: attempt_id, run, expected, new, now, alpha, staleness, uri,
-    checksum. A unique violation (the at-most-once backstop) propagates as
+    SQLite's way: plain statements in the caller's ``BEGIN IMMEDIATE``
+    transaction, which holds the write lock throughout. ``params``:
+    attempt_id, run, expected, new, now, alpha, staleness, uri, checksum. A
+    unique violation (the at-most-once backstop) propagates as
     :class:`~sqlalchemy.exc.IntegrityError`, with nothing changed.
     """
-    if backend == "postgresql":
-        result = c.execute(_PG_COMMIT_MERGE, params).mappings().first()
-        if result is None:
-            return None
-        head = None
-        if result["h_id"] is not None:
-            head = load(Version, {k[2:]: v for k, v in result.items() if k.startswith("h_")})
-        return MergeRow(
-            result["run"],
-            result["subtask_id"],
-            result["epoch"],
-            result["state"],
-            result["merged_version"],
-            result["version_id"],
-            head,
-        )
     aid, now, new = params["attempt_id"], params["now"], params["new"]
     found = c.execute(
         select(

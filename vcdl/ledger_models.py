@@ -134,6 +134,12 @@ class Attempt(SQLModel, table=True):
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     deadline: datetime | None = Field(default=None, sa_type=UTCDateTime)
     reason: str | None = None
+    # JSON object of seconds per phase of the attempt's life (claim, read,
+    # data, train, write, record on the worker; read_result, read_head, merge,
+    # write_version, ledger in the assimilator; queued, scheduling and prefect
+    # measured by the driver): where the overhead goes (benchmarks/overhead.py,
+    # vcdl status).
+    timings: str | None = None
 
 
 class Version(SQLModel, table=True):

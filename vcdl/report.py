@@ -12,7 +12,7 @@ from typing import Any
 
 from vcdl.config import RunConfig
 from vcdl.errors import StoreError
-from vcdl.ledger import Ledger
+from vcdl.ledger import Attempt, Ledger, attempt_timings
 from vcdl.runtime import RunRef
 
 
@@ -90,10 +90,33 @@ def run_status(ledger: Ledger, name: str) -> dict[str, Any]:
         "duplicates": counts.get("duplicate", 0),
         "mean_staleness": sum(all_stale) / len(all_stale) if all_stale else None,
         "goodput": merged_seconds / trained if trained else None,
+        "phases": phase_means(attempts),
         "created_at": run.created_at.isoformat(),
         "updated_at": run.updated_at.isoformat(),
         "history": history,
     }
+
+
+def phase_means(attempts: list[Attempt]) -> dict[str, float]:
+    """Mean seconds per phase over the merged attempts that recorded a breakdown.
+
+    Phases (``attempt.timings``): on the worker ``claim``, ``read`` (base
+    weights), ``data``, ``train`` (the training loop), ``write`` (result);
+    in the assimilator ``assimilator_*`` (read result and head, merge, write
+    version, ledger); measured by the driver ``queued`` (waiting for a busy
+    worker: not overhead), ``scheduling`` (Dask handing the task to a free
+    worker) and ``prefect`` (the task engine around the attempt).
+    """
+    sums: dict[str, float] = defaultdict(float)
+    n = 0
+    for a in attempts:
+        phases = attempt_timings(a) if a.state == "merged" else {}
+        if not phases:
+            continue
+        n += 1
+        for k, v in phases.items():
+            sums[k] += v
+    return {k: sums[k] / n for k in sorted(sums)} if n else {}
 
 
 def audit_run(ref: RunRef, deep: bool = False) -> list[str]:

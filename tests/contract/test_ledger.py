@@ -651,3 +651,83 @@ def test_open_creates_the_schema_at_head(ledger: Ledger) -> None:
     with ledger._engine.connect() as conn:
         versions = conn.execute(text("SELECT version_num FROM alembic_version")).all()
     assert versions == [(head_revision(),)]
+
+
+def test_attempt_timings_are_recorded_and_summed(ledger: Ledger) -> None:
+    """The per-phase breakdown: set when the attempt ends, phases added later are summed."""
+    from vcdl.ledger import attempt_timings
+
+    new_run(ledger, "a")
+    attempt = ledger.start_attempt("a", 0, 0, "w1")
+    assert attempt_timings(attempt) == {}
+    ledger.finish_attempt(attempt.id, state="finished", timings={"train": 4.5, "read": 0.25})
+    ledger.add_timings(attempt.id, {"read": 0.5, "prefect": 0.125})
+    ledger.add_timings(attempt.id, {})
+    got = attempt_timings(ledger.get_attempt(attempt.id))
+    assert got == {"train": 4.5, "read": 0.75, "prefect": 0.125}
+    with pytest.raises(LedgerError, match="no attempt"):
+        ledger.add_timings("nope", {"x": 1.0})
+
+
+def test_merge_path_errors_say_what_is_wrong(ledger: Ledger) -> None:
+    """The merge path's calls explain a missing run, subtask, attempt or final state.
+
+    (On PostgreSQL these calls run on psycopg directly, vcdl.ledger_pg: the
+    explanations come from a second read there, from the same transaction on
+    SQLite; the messages must not differ.)
+    """
+    new_run(ledger, "a", shards=1)
+    with pytest.raises(RunNotFound):
+        ledger.head("nope")
+    with pytest.raises(RunNotFound):
+        ledger.start_attempt("nope", 0, 0, "w")
+    with pytest.raises(LedgerError, match="no subtask epoch 0 shard 5"):
+        ledger.start_attempt("a", 0, 5, "w")
+    with pytest.raises(LedgerError, match=r"base version 3 .* does not exist \(head is v0\)"):
+        ledger.start_attempt("a", 0, 0, "w", base_version=3)
+    with pytest.raises(LedgerError, match="no attempt"):
+        ledger.finish_attempt("0" * 32, state="finished")
+    attempt = ledger.start_attempt("a", 0, 0, "w", deadline=datetime(2030, 1, 1, tzinfo=UTC))
+    assert ledger.get_attempt(attempt.id).deadline == datetime(2030, 1, 1, tzinfo=UTC)
+    # Nothing was counted by the refused starts.
+    assert [s.attempts for s in ledger.subtasks("a")] == [1]
+    merge(ledger, "a", attempt.id, 0)
+    with pytest.raises(LedgerError, match="is merged; its state is final"):
+        ledger.finish_attempt(attempt.id, state="failed", reason="late")
+    assert ledger.get_attempt(attempt.id).state == "merged"
+    head = ledger.head("a")
+    assert (head.number, head.created_at.tzinfo) == (1, UTC)
+
+
+@pytest.mark.postgres
+def test_merge_path_survives_a_server_hang_up(pg_url: str) -> None:
+    """The psycopg fast path treats a dead connection as SQLAlchemy does.
+
+    The call that meets it fails with a LedgerError, the pool is invalidated,
+    and the next call reconnects; pooled connections are left as SQLAlchemy
+    expects them (not in autocommit).
+    """
+    from tests.pgfixture import _connect_admin
+
+    app = make_url(pg_url).query["application_name"]
+    admin, _user = _connect_admin()
+    with admin, Ledger(_with_query(pg_url, pool_ping_idle="60")) as led:
+        new_run(led, "a")
+        attempt = led.start_attempt("a", 0, 0, "w")
+        assert led.head("a").number == 0
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = %s AND pid <> pg_backend_pid()",
+            (app,),
+        )
+        with pytest.raises(LedgerError, match="ledger postgresql"):
+            led.head("a")
+        assert led.finish_attempt(attempt.id, state="finished").state == "finished"
+        assert merge(led, "a", attempt.id, 0) == 1
+        with led._engine.connect() as conn:
+            assert not conn.connection.driver_connection.autocommit  # type: ignore[union-attr]
+            # A SQLAlchemy transaction on a connection the fast path used: still one.
+            with conn.begin():
+                conn.execute(text("UPDATE run SET state = 'running' WHERE name = 'a'"))
+                assert conn.in_transaction()
+        assert led.get_run("a").state == "running"

@@ -80,8 +80,11 @@ def test_downgrade_to_nothing_and_up_again(engine: Engine) -> None:
 
 
 def test_pre_migration_ledger_is_stamped_not_recreated(engine: Engine, db_url: str) -> None:
-    # What vcdl did before migrations: create_all, no alembic_version table.
-    SQLModel.metadata.create_all(engine)
+    # What vcdl did before migrations: create_all of the models of that time
+    # (revision 0001's schema, by definition), no alembic_version table.
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), INITIAL_REVISION)
+        conn.execute(text("DROP TABLE alembic_version"))
     created = utcnow()
     with Session(engine) as s, s.begin():
         s.add(Run(name="old", config="{}", created_at=created, updated_at=created))
