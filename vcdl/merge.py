@@ -22,7 +22,7 @@ global version, and nothing else (no I/O, no ledger, no store):
 * :func:`staleness_alpha` — the staleness policies of DESIGN.md §1.
 * :func:`validate_result`, :func:`state_norm`, :func:`update_norm` — the
   checks that keep NaN/Inf, foreign architectures and absurd updates out of
-  the chain of versions.
+  the chain of versions (defined in :mod:`vcdl.merge_checks`, re-exported).
 
 Conventions shared by every rule:
 
@@ -34,31 +34,46 @@ Conventions shared by every rule:
   take the logical or. Other dtypes (complex, quantized) are rejected.
 * Outputs are new tensors in the head's key order, dtype, shape and device;
   inputs are never mutated and never aliased by the output, so a caller may
-  modify the returned state freely.
+  modify the returned state freely. :func:`vc_asgd` (the assimilator's hot
+  path) can instead write into caller-given buffers (``out=``), which must
+  not overlap the inputs; the inputs stay unchanged either way.
 * Everything runs under ``torch.no_grad()``: a state may hold parameters
   that require grad, and merging must not build an autograd graph.
 * Mismatched inputs raise :class:`~vcdl.errors.MergeError` naming the key.
 
 Performance: the rules are memory-bound elementwise passes, one or two torch
 ops per tensor (no Python per-element work, no intermediate copies for
-float32/float64). On one thread :func:`vc_asgd` on a ResNet-50 state (320
-tensors, 25.6M floats) runs at about the speed of the same blend on one
-preallocated 25.6M-element tensor. Torch intra-op threads buy little for such
-passes and each op above the parallel grain opens an OpenMP region, so on a
-CPU shared with other processes a merge with several threads can be 10-20x
-slower than with one (measured): call the merge rules from a process or
-thread that runs with ``torch.set_num_threads(1)``.
+float32/float64). Measured on one thread, ResNet-50 state (320 tensors,
+25.6M floats), on a 2-core machine shared with other jobs (medians, noisy): a
+blend into a fresh flat 98 MiB output was 3x slower than into a
+preallocated one (page faults); ``validate_result`` + :func:`vc_asgd` into
+fresh tensors, the assimilator's old path, ran at 24-32% of a preallocated
+blend; :func:`validated_vc_asgd` into reused buffers (``out=``, what the
+assimilator now does) at 54-80% of the fastest preallocated blend
+(``torch.lerp``), see ``benchmarks/weights_io.py``. Torch intra-op threads
+buy little for such passes and each op above the parallel grain opens an
+OpenMP region, so on a CPU shared with other processes a merge with several
+threads can be 10-20x slower than with one (measured): call the merge rules
+from a process or thread that runs with ``torch.set_num_threads(1)``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Literal
+from collections.abc import Sequence
 
 import torch
 
 from vcdl.errors import MergeError
+from vcdl.merge_checks import (
+    fmt_keys,
+    mismatch,
+    nonfinite,
+    require_compatible,
+    state_norm,
+    update_norm,
+    validate_result,
+)
 from vcdl.types import StateDict
 
 __all__ = [
@@ -66,39 +81,23 @@ __all__ = [
     "average",
     "diloco",
     "easgd",
+    "output_problem",
     "scale_result",
     "staleness_alpha",
     "state_norm",
     "update_norm",
     "validate_result",
+    "validated_vc_asgd",
     "vc_asgd",
 ]
 
 STALENESS_POLICIES: tuple[str, ...] = ("plain", "raise", "reject")
 """Names accepted by :func:`staleness_alpha`."""
 
-# Integer dtypes whose elementwise max torch implements on every backend.
-_INT_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
-
-# How many missing/extra keys a key-set error lists before "(+N more)".
-_MAX_KEYS_LISTED = 5
-
-_Kind = Literal["float", "int", "bool"]
-
 
 # --------------------------------------------------------------------------
-# Helpers: dtype classes, argument checks, compatibility checks
+# Helpers: dtype classes, argument checks, output buffers
 # --------------------------------------------------------------------------
-
-
-def _kind(dtype: torch.dtype) -> _Kind | None:
-    if dtype.is_floating_point:
-        return "float"
-    if dtype == torch.bool:
-        return "bool"
-    if dtype in _INT_DTYPES:
-        return "int"
-    return None
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -120,96 +119,35 @@ def _unit(name: str, value: float) -> float:
     return v
 
 
-def _fmt_keys(keys: list[str]) -> str:
-    shown = ", ".join(repr(k) for k in keys[:_MAX_KEYS_LISTED])
-    more = len(keys) - _MAX_KEYS_LISTED
-    return f"[{shown}]" + (f" (+{more} more)" if more > 0 else "")
-
-
-def _mismatch(head: Mapping[str, object], other: Mapping[str, object], name: str) -> str | None:
-    """One-line reason why ``other`` cannot be merged into ``head``, or None.
-
-    Checks key sets, tensor types, shapes, dtypes, devices and that the
-    dtype is one a merge rule knows; never touches tensor data, so it costs
-    microseconds even for large models.
-    """
-    if head.keys() != other.keys():
-        missing = [k for k in head if k not in other]
-        extra = [k for k in other if k not in head]
-        parts = []
-        if missing:
-            parts.append(f"missing from {name}: {_fmt_keys(missing)}")
-        if extra:
-            parts.append(f"extra in {name}: {_fmt_keys(extra)}")
-        return f"key sets differ ({'; '.join(parts)}); {name} is not a state of this model"
-    for key, h in head.items():
-        o = other[key]
-        if not isinstance(h, torch.Tensor):
-            return f"head[{key!r}] is a {type(h).__name__}, not a torch.Tensor"
-        if not isinstance(o, torch.Tensor):
-            return f"{name}[{key!r}] is a {type(o).__name__}, not a torch.Tensor"
-        if o.shape != h.shape:
-            return (
-                f"shape mismatch at {key!r}: head {tuple(h.shape)}, {name} {tuple(o.shape)}; "
-                "not the same architecture"
-            )
-        if o.dtype != h.dtype:
-            return (
-                f"dtype mismatch at {key!r}: head {h.dtype}, {name} {o.dtype}; "
-                "cast the state to the model's dtypes before merging"
-            )
-        if o.device != h.device:
-            return (
-                f"device mismatch at {key!r}: head on {h.device}, {name} on {o.device}; "
-                "move both states to one device before merging"
-            )
-        if _kind(h.dtype) is None:
-            return (
-                f"unsupported dtype {h.dtype} at {key!r}: merge rules handle floating, "
-                "integer and bool tensors"
-            )
-    return None
-
-
-def _require_compatible(head: StateDict, other: StateDict, name: str) -> None:
-    reason = _mismatch(head, other, name)
-    if reason is not None:
-        raise MergeError(reason)
-
-
-def _int_or_bool(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _int_or_bool(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     # Counters (num_batches_tracked) must never go backwards: max. Flags: or.
     if a.dtype == torch.bool:
-        return torch.logical_or(a, b)
-    return torch.maximum(a, b)
+        return torch.logical_or(a, b) if out is None else torch.logical_or(a, b, out=out)
+    return torch.maximum(a, b) if out is None else torch.maximum(a, b, out=out)
 
 
-def _norm(t: torch.Tensor) -> float:
-    """L2 norm of a floating tensor, accumulated in at least float32."""
-    # vector_norm is a single reduction pass with no temporary (about 30 GB/s
-    # on one core here, vs 0.6 GB/s for isfinite(t).all()), so it doubles as
-    # the fast NaN/Inf screen in validate_result.
-    if t.dtype.itemsize < 4:
-        return float(torch.linalg.vector_norm(t, dtype=torch.float32))
-    return float(torch.linalg.vector_norm(t))
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True if ``a`` and ``b`` live in one storage (so writing ``a`` could change ``b``)."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    return bool(a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
 
 
-def _diff_norm(head: torch.Tensor, result: torch.Tensor) -> float:
-    """L2 norm of ``result - head`` (floating tensors of equal dtype)."""
-    if head.dtype.itemsize < 4:
-        d = result.to(torch.float32)
-        d.sub_(head)  # mixed-dtype in-place sub promotes head to float32 on the fly
-    else:
-        d = torch.sub(result, head)
-    return float(torch.linalg.vector_norm(d))
+def output_problem(out: StateDict, head: StateDict, *inputs: StateDict) -> str | None:
+    """Why ``out`` cannot receive a merge of ``head`` with ``inputs``, or None if it can.
 
-
-def _nonfinite(t: torch.Tensor, label: str) -> str | None:
-    """Reason naming ``label`` if ``t`` holds NaN or Inf. Slow path, failures only."""
-    n_nan = int(torch.isnan(t).sum())
-    n_inf = int(torch.isinf(t).sum())
-    if n_nan or n_inf:
-        return f"{label} contains {n_nan} NaN and {n_inf} Inf values (of {t.numel()})"
+    ``out`` must hold tensors with ``head``'s keys, shapes, dtypes and devices
+    that share no memory with ``head`` or any input (writing them must not
+    change an input). Checks metadata and storage pointers only.
+    """
+    reason = mismatch(head, out, "out")
+    if reason is not None:
+        return reason
+    for key, o in out.items():
+        for state in (head, *inputs):
+            t = state.get(key)
+            if isinstance(t, torch.Tensor) and _same_memory(o, t):
+                return f"out[{key!r}] shares memory with an input; pass buffers of their own"
     return None
 
 
@@ -218,22 +156,31 @@ def _nonfinite(t: torch.Tensor, label: str) -> str | None:
 # --------------------------------------------------------------------------
 
 
-def _blend(head: torch.Tensor, result: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
-    """``head*alpha + result*beta`` as a new tensor of head's dtype."""
-    # A product then an in-place add: one allocation (the output itself), and
-    # with alpha=1 it is head*1 + result*0 == head bit for bit (up to the sign
-    # of zero), with alpha=0 result. torch.lerp is also exact at both ends and
-    # is one pass, but measured within noise (5-10%) of this on a ResNet-50
-    # state (each tensor stays in cache between the two passes), and its
-    # (head - result) can overflow where this form cannot.
+def _blend(
+    head: torch.Tensor,
+    result: torch.Tensor,
+    alpha: float,
+    beta: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``head*alpha + result*beta`` in head's dtype, as a new tensor or into ``out``."""
+    # A product then an in-place add: one pass each while the tensor is in
+    # cache, and with alpha=1 it is head*1 + result*0 == head bit for bit (up
+    # to the sign of zero), with alpha=0 result. torch.lerp is also exact at
+    # both ends and one pass, but measured within noise (5-15%) of this on a
+    # ResNet-50 state and its (head - result) can overflow where this cannot.
     if head.dtype.itemsize < 4:
         acc = head.to(torch.float32)  # a copy, so the in-place ops below are safe
         acc.mul_(alpha).add_(result, alpha=beta)
-        return acc.to(head.dtype)
-    return torch.mul(head, alpha).add_(result, alpha=beta)
+        return acc.to(head.dtype) if out is None else out.copy_(acc)
+    if out is None:
+        return torch.mul(head, alpha).add_(result, alpha=beta)
+    return torch.mul(head, alpha, out=out).add_(result, alpha=beta)
 
 
-def vc_asgd(head: StateDict, result: StateDict, alpha: float) -> StateDict:
+def vc_asgd(
+    head: StateDict, result: StateDict, alpha: float, out: StateDict | None = None
+) -> StateDict:
     """VC-ASGD assimilation: ``alpha * head + (1 - alpha) * result``.
 
     ``alpha`` is the weight of the current head (``α_e`` of DESIGN.md §1), so
@@ -241,19 +188,123 @@ def vc_asgd(head: StateDict, result: StateDict, alpha: float) -> StateDict:
     both ends are exact for finite inputs. Integer tensors take the
     elementwise max, bool tensors the logical or.
 
+    ``out``, if given, receives the new values (its tensors are overwritten
+    and returned, in head's key order): a caller that merges repeatedly
+    passes the buffers of a state it no longer needs and saves allocating
+    (and page-faulting) a whole state per merge. It must match head's keys,
+    shapes, dtypes and devices and share no memory with ``head`` or
+    ``result``; the inputs are never changed.
+
     Raises:
         MergeError: alpha not finite or outside [0, 1]; key sets, shapes,
-            dtypes or devices differ (the message names the key).
+            dtypes or devices differ (the message names the key); ``out``
+            does not fit or overlaps an input (see :func:`output_problem`).
     """
     a = _unit("alpha", alpha)
-    _require_compatible(head, result, "result")
+    require_compatible(head, result, "result")
+    if out is not None:
+        reason = output_problem(out, head, result)
+        if reason is not None:
+            raise MergeError(reason)
     beta = 1.0 - a
-    out: StateDict = {}
+    new: StateDict = {}
     with torch.no_grad():
         for key, h in head.items():
             r = result[key]
-            out[key] = _blend(h, r, a, beta) if h.is_floating_point() else _int_or_bool(h, r)
-    return out
+            o = None if out is None else out[key]
+            if h.is_floating_point():
+                new[key] = _blend(h, r, a, beta, o)
+            else:
+                new[key] = _int_or_bool(h, r, o)
+    return new
+
+
+def validated_vc_asgd(
+    head: StateDict,
+    result: StateDict,
+    alpha: float,
+    max_update_norm: float | None = None,
+    out: StateDict | None = None,
+) -> StateDict | str:
+    """:func:`validate_result` then :func:`vc_asgd`, with one pass over the data less.
+
+    Returns the merged state, or, if the result must not be merged, the
+    reason :func:`validate_result` gives (same text, same first key). The
+    assimilator's hot path: without a norm bound the separate NaN/Inf pass
+    over the result is replaced by a norm of each output tensor right after
+    it is written (still in cache), and the blend is ``torch.lerp``, one pass
+    instead of two (~30% faster than mul+add here). A non-finite output
+    means NaN/Inf in the result (lerp propagates them even at ``alpha=1``),
+    or lerp's ``result - head`` overflowed (values beyond half the dtype's
+    range), or the head itself holds NaN/Inf; the result is then checked
+    exactly, and if it is finite that tensor is recomputed with
+    :func:`vc_asgd`'s overflow-safe arithmetic. So it accepts, rejects and
+    returns what ``validate_result(...) or vc_asgd(...)`` would, up to the
+    rounding of lerp (a few ulps; both ends stay exact). With a bound, the
+    update norm needs ``result - head`` and :func:`validate_result` runs
+    first. ``out`` is as for :func:`vc_asgd`; on rejection its contents are
+    unspecified.
+
+    Raises:
+        MergeError: alpha or max_update_norm out of range; ``out`` does not
+            fit. A bad result is a returned reason, never an exception.
+    """
+    a = _unit("alpha", alpha)
+    if max_update_norm is not None:
+        reason = validate_result(head, result, max_update_norm)
+    else:
+        reason = mismatch(head, result, "result")
+    if reason is not None:
+        return reason
+    if out is not None:
+        problem = output_problem(out, head, result)
+        if problem is not None:
+            raise MergeError(problem)
+    beta = 1.0 - a
+    new: StateDict = {}
+    with torch.no_grad():
+        for key, h in head.items():
+            r = result[key]
+            o = None if out is None else out[key]
+            if not h.is_floating_point():
+                new[key] = _int_or_bool(h, r, o)
+                continue
+            t, finite = _lerp_screened(h, r, a, beta, o)
+            if not finite:
+                bad = nonfinite(r, f"result[{key!r}]")
+                if bad is not None:
+                    return bad
+                t = _blend(h, r, a, beta, o)  # overflow-safe; NaN in head propagates as before
+            new[key] = t
+    return new
+
+
+def _lerp_screened(
+    head: torch.Tensor,
+    result: torch.Tensor,
+    alpha: float,
+    beta: float,
+    out: torch.Tensor | None,
+) -> tuple[torch.Tensor, bool]:
+    """``alpha * head + beta * result`` by lerp in head's dtype, and whether it is finite."""
+    # lerp takes its weight in the tensor's precision: a weight near 1 would
+    # leave 1 - weight with a large relative error (beta 0.999 in float32:
+    # 1.3e-5), so always step from the nearer end by a weight <= 0.5, given
+    # as alpha or beta themselves (1 - beta can round alpha away). Both ends
+    # stay exact: lerp(a, b, 0) == a.
+    start, end, weight = (head, result, beta) if beta <= 0.5 else (result, head, alpha)
+    if head.dtype.itemsize < 4:
+        acc = torch.lerp(start.to(torch.float32), end.to(torch.float32), weight)
+        finite = math.isfinite(float(torch.linalg.vector_norm(acc)))
+        return (acc.to(head.dtype) if out is None else out.copy_(acc)), finite
+    t = (
+        torch.lerp(start, end, weight, out=out)
+        if out is not None
+        else torch.lerp(start, end, weight)
+    )
+    # A reduction with no temporary; a non-finite norm is the cheap signal
+    # (squares past the dtype's range also trip it; the slow path sorts it out).
+    return t, math.isfinite(float(torch.linalg.vector_norm(t)))
 
 
 def average(states: Sequence[StateDict], weights: Sequence[float] | None = None) -> StateDict:
@@ -281,7 +332,7 @@ def average(states: Sequence[StateDict], weights: Sequence[float] | None = None)
     w = _check_weights(weights, len(states))
     first = states[0]
     for i, s in enumerate(states[1:], start=1):
-        _require_compatible(first, s, f"states[{i}]")
+        require_compatible(first, s, f"states[{i}]")
     # Zero-weight states cannot change the float mean; skipping them also
     # keeps the first contributing state's weight positive for the division.
     used = [(s, wi) for s, wi in zip(states, w, strict=True) if wi > 0.0]
@@ -373,7 +424,7 @@ def diloco(
     mu = float(momentum)
     if not 0.0 <= mu < 1.0:
         raise MergeError(f"momentum must be in [0, 1), got {momentum!r}")
-    _require_compatible(head, result, "result")
+    require_compatible(head, result, "result")
     float_keys = [k for k, t in head.items() if t.is_floating_point()]
     if momentum_buf is not None:
         _check_buffer(head, float_keys, momentum_buf)
@@ -405,7 +456,7 @@ def _check_buffer(head: StateDict, float_keys: list[str], buf: StateDict) -> Non
         extra = [k for k in buf if k not in head or not head[k].is_floating_point()]
         raise MergeError(
             "momentum_buf must hold exactly the floating keys of head "
-            f"(missing: {_fmt_keys(missing)}; extra: {_fmt_keys(extra)}); "
+            f"(missing: {fmt_keys(missing)}; extra: {fmt_keys(extra)}); "
             "pass None to start from zeros"
         )
     for key in float_keys:
@@ -435,7 +486,7 @@ def scale_result(head: StateDict, result: StateDict, fraction: float) -> StateDi
         MergeError: fraction not finite or outside [0, 1]; mismatched states.
     """
     f = _unit("fraction", fraction)
-    _require_compatible(head, result, "result")
+    require_compatible(head, result, "result")
     out: StateDict = {}
     with torch.no_grad():
         for key, h in head.items():
@@ -502,80 +553,3 @@ def staleness_alpha(
     # Clamp to [a, 1]: the same rounding can leave eff an ulp below a for a
     # tiny power; the clamp keeps the documented bounds and monotonicity.
     return min(1.0, max(a, eff))
-
-
-# --------------------------------------------------------------------------
-# Checks and norms
-# --------------------------------------------------------------------------
-
-
-def validate_result(
-    head: StateDict, result: StateDict, max_update_norm: float | None = None
-) -> str | None:
-    """Why ``result`` must not be merged into ``head``, or None if it may.
-
-    Rejects wrong/missing/extra keys, non-tensors, shape, dtype or device
-    mismatches, unsupported dtypes, NaN or Inf in a floating tensor, and
-    (when ``max_update_norm`` is given) a global L2 norm of
-    ``result − head`` over floating tensors above ``max_update_norm``.
-    The reason is one line, names the offending key and gives the numbers,
-    ready for the ledger.
-
-    Never raises for a bad result; raises MergeError only for a bad
-    ``max_update_norm`` (NaN or negative), which is a caller bug.
-    """
-    bound: float | None = None
-    if max_update_norm is not None:
-        bound = float(max_update_norm)
-        if not bound >= 0.0:  # also rejects NaN
-            raise MergeError(f"max_update_norm must be >= 0 or None, got {max_update_norm!r}")
-    reason = _mismatch(head, result, "result")
-    if reason is not None:
-        return reason
-    sq = 0.0
-    with torch.no_grad():
-        for key, h in head.items():
-            if not h.is_floating_point():
-                continue
-            r = result[key]
-            # One reduction per tensor; a non-finite norm is the cheap signal
-            # that sends us to the slow, exact NaN/Inf count.
-            n = _norm(r) if bound is None else _diff_norm(h, r)
-            if math.isfinite(n):
-                sq += n * n
-                continue
-            bad = _nonfinite(r, f"result[{key!r}]")
-            if bad is None and bound is not None:
-                bad = _nonfinite(h, f"head[{key!r}]")
-            if bad is not None:
-                return bad
-            # All values finite but the squares overflowed float32/float64.
-            if bound is not None:
-                return (
-                    f"update norm overflows at {key!r} (values around 1e19 or more); "
-                    f"exceeds max_update_norm {bound:.6g}"
-                )
-    if bound is not None:
-        total = math.sqrt(sq)
-        if total > bound:
-            return f"update norm {total:.6g} exceeds max_update_norm {bound:.6g}"
-    return None
-
-
-def state_norm(state: StateDict) -> float:
-    """Global L2 norm over the floating tensors of ``state``."""
-    with torch.no_grad():
-        sq = sum(_norm(t) ** 2 for t in state.values() if t.is_floating_point())
-    return math.sqrt(sq)
-
-
-def update_norm(head: StateDict, result: StateDict) -> float:
-    """Global L2 norm of ``result − head`` over floating tensors.
-
-    Raises:
-        MergeError: mismatched states (the message names the key).
-    """
-    _require_compatible(head, result, "result")
-    with torch.no_grad():
-        sq = sum(_diff_norm(h, result[k]) ** 2 for k, h in head.items() if h.is_floating_point())
-    return math.sqrt(sq)

@@ -4,13 +4,15 @@ Backends: a local directory and S3 on a loopback moto server (marker ``s3``).
 Each test gets a fresh store (a new tmp dir or a new bucket). Raw byte access
 (``Backend.read_raw`` / ``write_raw``) goes around the store to simulate disk
 corruption and torn writes; the crash before the completion marker is
-simulated by making the store's commit step fail.
+simulated by making the store's commit step fail. Groups of the older format
+1 (one array per tensor) are built with plain zarr and must stay readable.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,9 +25,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.s3fixture import make_bucket, s3_bucket_url, s3_endpoint, s3_storage_options
-from vcdl import store as store_module
+from vcdl import store_files, store_layout
 from vcdl.errors import IntegrityError, StoreError, StoreNotFoundError
-from vcdl.store import CHECKSUM_ALGORITHM, FORMAT, WeightStore, open_store
+from vcdl.store import CHECKSUM_ALGORITHM, FORMAT, READABLE_FORMATS, WeightStore, open_store
 from vcdl.types import StateDict
 
 # Fixtures imported for their side effect (pytest finds them by name).
@@ -168,12 +170,18 @@ def resnet_like(width: int = 4, blocks: tuple[int, ...] = (2, 2, 2, 2)) -> State
     return sd
 
 
-def chunk_key(store: WeightStore, path: str, tensor: str) -> str:
-    """Store key of the chunk holding ``tensor`` (found through plain zarr)."""
-    node = vcdl_attrs(store, path)["tensors"][tensor]["array"]
-    arr = store.open_group(path)[node]
+def chunk_key(store: WeightStore, path: str, tensor: str) -> tuple[str, int]:
+    """Store key of the chunk holding ``tensor``'s first byte, and the byte's offset in it.
+
+    Found through plain zarr: the array named by the tensor's record, its
+    chunk grid and the record's element offset.
+    """
+    rec = vcdl_attrs(store, path)["tensors"][tensor]
+    arr = store.open_group(path)[rec["array"]]
     assert isinstance(arr, zarr.Array)
-    return f"{path}/{node}/{arr.metadata.encode_chunk_key((0,) * arr.ndim)}"
+    index, at = divmod(rec["offset"], arr.chunks[0])
+    key = f"{path}/{rec['array']}/{arr.metadata.encode_chunk_key((index,))}"
+    return key, at * arr.dtype.itemsize
 
 
 def vcdl_attrs(store: WeightStore, path: str) -> dict[str, Any]:
@@ -226,10 +234,9 @@ def test_awkward_tensor_names_round_trip(store: WeightStore) -> None:
     state = {n: torch.tensor([i]) for i, n in enumerate(names)}
     store.write_state("g", state)
     assert_same_state(store.read_state("g"), state)
-    nodes = [rec["array"] for rec in vcdl_attrs(store, "g")["tensors"].values()]
-    assert len({n.lower() for n in nodes}) == len(nodes)
-    assert nodes[0] != "has/slash" and nodes[-1] != ".."
-    assert nodes[names.index("c")] == "c"  # safe names are used as they are
+    # Names live only in the group's attributes: never file or node names.
+    assert list(store.open_group("g").keys()) == ["int64"]
+    assert list(vcdl_attrs(store, "g")["tensors"]) == names
 
 
 def test_non_contiguous_and_grad_tensors(store: WeightStore) -> None:
@@ -260,11 +267,16 @@ def test_resnet_like_state_round_trips(store: WeightStore) -> None:
 
 
 def test_read_tensors_are_writable_and_independent(store: WeightStore) -> None:
-    state = {"w": torch.zeros(4)}
+    state = {"w": torch.zeros(4), "v": torch.ones(3), "s": torch.tensor(2.0)}
     store.write_state("v", state)
     first = store.read_state("v")
     first["w"] += 1  # must not warn or fail (own, writable memory)
     assert torch.equal(store.read_state("v")["w"], torch.zeros(4))
+    # Packed on the store, but each tensor read owns its memory (a tensor kept,
+    # saved or exported alone does not drag the others along).
+    storages = {t.untyped_storage().data_ptr() for t in first.values()}
+    assert len(storages) == len(first)
+    assert all(t.untyped_storage().nbytes() == t.nbytes for t in first.values())
 
 
 # ----------------------------------------------------- metadata and attrs
@@ -276,7 +288,8 @@ def test_attrs_and_layout(store: WeightStore) -> None:
     store.write_state("v", state, attrs=attrs)
     assert store.read_attrs("v") == attrs
     doc = vcdl_attrs(store, "v")
-    assert doc["format"] == FORMAT == 1
+    assert doc["format"] == FORMAT == 2
+    assert READABLE_FORMATS == (1, 2)
     assert doc["complete"] is True
     assert doc["checksum_algorithm"] == CHECKSUM_ALGORITHM == "sha256"
     assert doc["attrs"] == attrs
@@ -285,22 +298,40 @@ def test_attrs_and_layout(store: WeightStore) -> None:
     assert doc["tensors"]["a.w"]["shape"] == [2, 3]
     assert doc["tensors"]["b"]["dtype"] == "bfloat16"
     assert doc["tensors"]["b"]["shape"] == []
+    assert doc["tensors"]["a.w"]["array"] == "float32"
+    assert doc["tensors"]["b"]["array"] == "bfloat16"
+    assert [rec["offset"] for rec in doc["tensors"].values()] == [0, 0]
     assert all(len(rec["checksum"]) == 64 for rec in doc["tensors"].values())
 
 
 def test_groups_are_plain_zarr(store: WeightStore) -> None:
-    """Any Zarr v3 reader sees one uncompressed, single-chunk array per tensor."""
-    state = {"w": torch.randn(3, 4), "n": torch.tensor(5), "m": torch.tensor([True, False])}
+    """Any Zarr v3 reader sees one flat uncompressed array per dtype; tensors are slices."""
+    state = {
+        "w": torch.randn(3, 4),
+        "n": torch.tensor(5),
+        "m": torch.tensor([True, False]),
+        "b": torch.randn(2, 2),
+        "h": torch.randn(5).to(torch.bfloat16),
+    }
     store.write_state("v", state)
     group = store.open_group("v")
     assert group.metadata.consolidated_metadata is not None
-    assert set(group.metadata.consolidated_metadata.metadata) == {"w", "n", "m"}
+    assert set(group.metadata.consolidated_metadata.metadata) == {
+        "float32",
+        "int64",
+        "bool",
+        "bfloat16",
+    }
+    records = vcdl_attrs(store, "v")["tensors"]
     for name, t in state.items():
-        arr = group[name]
+        rec = records[name]
+        arr = group[rec["array"]]
         assert isinstance(arr, zarr.Array)
-        assert arr.chunks == tuple(t.shape)
-        assert arr.compressors == ()
-        np.testing.assert_array_equal(np.asarray(arr[...]).reshape(arr.shape), t.numpy())
+        assert arr.ndim == 1 and arr.compressors == ()
+        flat = np.asarray(arr[rec["offset"] : rec["offset"] + t.numel()])
+        want = t.view(torch.int16) if t.dtype == torch.bfloat16 else t  # bits of bfloat16
+        np.testing.assert_array_equal(flat.reshape(t.shape), want.numpy())
+    assert group["float32"].shape == (16,)  # w then b, packed in state order
 
 
 def test_attrs_must_be_json(store: WeightStore) -> None:
@@ -338,12 +369,13 @@ def test_invalid_states_are_refused(store: WeightStore) -> None:
 
 
 def test_overwrite_replaces_the_group(store: WeightStore) -> None:
-    store.write_state("v", {"a": torch.ones(3), "old.only": torch.zeros(2)}, {"n": 1})
+    old = {"a": torch.ones(3), "old.only": torch.zeros(2, dtype=torch.float64)}
+    store.write_state("v", old, {"n": 1})
     new = {"a": torch.full((4,), 2.0), "b": torch.tensor(3)}
     store.write_state("v", new, {"n": 2})
     assert_same_state(store.read_state("v"), new)
     assert store.read_attrs("v") == {"n": 2}
-    assert sorted(store.open_group("v").keys()) == ["a", "b"]  # no leftover arrays
+    assert sorted(store.open_group("v").keys()) == ["float32", "int64"]  # no leftover arrays
     c = store.checksum("v")
     store.write_state("v", new, {"n": 2})  # idempotent
     assert store.checksum("v") == c
@@ -426,9 +458,9 @@ def test_write_refuses_to_wipe_other_nodes(store: WeightStore) -> None:
 def test_corrupted_chunk_is_detected(store: WeightStore, backend: Backend) -> None:
     state = {"layer1.0.conv1.weight": torch.randn(4, 3, 3, 3), "fc.bias": torch.randn(10)}
     uri = store.write_state("v", state)
-    key = chunk_key(store, "v", "layer1.0.conv1.weight")
+    key, at = chunk_key(store, "v", "layer1.0.conv1.weight")
     raw = bytearray(backend.read_raw(key))
-    raw[17] ^= 0xFF
+    raw[at + 17] ^= 0xFF
     backend.write_raw(key, bytes(raw))
     with pytest.raises(IntegrityError) as info:
         store.read_state("v")
@@ -440,17 +472,168 @@ def test_corrupted_chunk_is_detected(store: WeightStore, backend: Backend) -> No
 
 
 def test_truncated_or_missing_chunk_is_detected(store: WeightStore, backend: Backend) -> None:
-    state = {"a": torch.randn(8), "b": torch.randn(2, 2)}
+    state = {"a": torch.randn(8), "b": torch.randn(2, 2, dtype=torch.float64)}
     store.write_state("v", state)
-    key = chunk_key(store, "v", "a")
-    backend.write_raw(key, backend.read_raw(key)[:-4])
+    key, _ = chunk_key(store, "v", "a")
+    good = backend.read_raw(key)
+    backend.write_raw(key, good[:-4])
     for verify in (True, False):
         with pytest.raises(IntegrityError, match=r"'a'.*bytes"):
             store.read_state("v", verify=verify)
-    backend.delete_raw(chunk_key(store, "v", "b"))
-    backend.write_raw(key, state["a"].numpy().tobytes())
+    backend.write_raw(key, good + b"\0")  # too long is as wrong as too short
+    with pytest.raises(IntegrityError, match=r"'a'.*bytes"):
+        store.read_state("v")
+    backend.write_raw(key, good)
+    backend.delete_raw(chunk_key(store, "v", "b")[0])
     with pytest.raises(IntegrityError, match=r"'b'.*missing"):
         store.read_state("v", verify=False)
+
+
+# ------------------------------------------------------ packing and chunks
+
+
+def test_tensors_spanning_chunks(
+    store: WeightStore, backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_layout, "CHUNK_BYTES", 64)  # 16 float32 per chunk
+    state = {
+        "small": torch.arange(3.0),
+        "long": torch.randn(50),  # 200 bytes: spans four chunks
+        "n": torch.tensor(7),
+        "tail": torch.randn(2, 3),
+    }
+    store.write_state("v", state)
+    assert_same_state(store.read_state("v"), state)
+    arr = store.open_group("v")["float32"]
+    assert isinstance(arr, zarr.Array)
+    assert arr.shape == (59,) and arr.nchunks == 4  # 4 chunks of 15, one element of padding
+    # A byte of "long" in its third chunk: the report names "long", not its neighbours.
+    prefix, index = chunk_key(store, "v", "long")[0].rsplit(".", 1)
+    third = f"{prefix}.{int(index) + 2}"
+    raw = bytearray(backend.read_raw(third))
+    raw[5] ^= 0x01
+    backend.write_raw(third, bytes(raw))
+    with pytest.raises(IntegrityError, match="'long'") as info:
+        store.read_state("v")
+    assert "'small'" not in str(info.value)
+
+
+def test_padding_of_the_last_chunk_is_checked(
+    store: WeightStore, backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_layout, "CHUNK_BYTES", 64)
+    state = {"w": torch.randn(17)}  # 2 chunks of 9 elements: 4 bytes of padding
+    store.write_state("v", state)
+    key = "v/float32/c.1"
+    raw = bytearray(backend.read_raw(key))
+    assert len(raw) == 36 and raw[-4:] == bytes(4)
+    raw[-1] = 1
+    backend.write_raw(key, bytes(raw))
+    with pytest.raises(IntegrityError, match="padding"):
+        store.read_state("v")
+    assert_same_state(store.read_state("v", verify=False), state)  # the data is intact
+
+
+def test_many_tiny_tensors_in_one_chunk(store: WeightStore) -> None:
+    # More pieces in one chunk than one writev/preadv call takes (IOV_MAX 1024).
+    state = {f"s{i}": torch.tensor(float(i)) for i in range(2500)}
+    state["big"] = torch.randn(1000)
+    store.write_state("v", state)
+    assert_same_state(store.read_state("v"), state)
+
+
+def test_a_resnet_state_is_few_files(tmp_path: Path) -> None:
+    store = WeightStore(str(tmp_path / "s"))
+    state = resnet_like(width=64)
+    store.write_state("v", state)
+    files = [f for _, _, names in os.walk(tmp_path / "s" / "v") for f in names]
+    size = sum(t.nbytes for t in state.values())
+    chunks = -(-size // store_layout.CHUNK_BYTES)
+    assert len(files) <= 1 + 2 * 2 + chunks + 1  # group doc, 2 arrays, their chunks
+    assert len(files) < len(state) / 4
+
+
+def test_checksums_do_not_depend_on_the_packing(
+    store: WeightStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = resnet_like()
+    store.write_state("a", state)
+    monkeypatch.setattr(store_layout, "CHUNK_BYTES", 256)
+    store.write_state("b", state)
+    assert store.checksum("a") == store.checksum("b")
+    assert vcdl_attrs(store, "a")["tensors"] == vcdl_attrs(store, "b")["tensors"]
+
+
+# ------------------------------------------------------ older formats
+
+
+def write_format_1(store: WeightStore, path: str, state: StateDict) -> None:
+    """A format 1 group (one single-chunk array per tensor), built with plain zarr."""
+    import hashlib
+
+    group = store.open_group(path, mode="w")
+    tensors = {}
+    for i, (name, t) in enumerate(state.items()):
+        bits = store_layout.bits_dtype(t.dtype)
+        data = (t.view(bits) if bits is not None else t).contiguous().numpy()
+        node = f"-{i}"
+        arr = group.create_array(
+            node,
+            shape=data.shape,
+            chunks=tuple(max(1, s) for s in data.shape),
+            dtype=data.dtype,
+            compressors=None,
+            filters=None,
+        )
+        if data.size:
+            arr[...] = data
+        tensors[name] = {
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "shape": list(t.shape),
+            "checksum": hashlib.sha256(data.tobytes()).hexdigest(),
+            "array": node,
+        }
+    group.attrs["vcdl"] = {
+        "format": 1,
+        "complete": True,
+        "checksum_algorithm": "sha256",
+        "tensors": tensors,
+        "attrs": {"old": True},
+    }
+    with warnings.catch_warnings():  # "consolidated metadata is not in the v3 spec"
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(group.store, path=group.path)
+
+
+def test_format_1_groups_stay_readable(store: WeightStore, backend: Backend) -> None:
+    state = {
+        "w": torch.randn(3, 4),
+        "s": torch.tensor(2.5, dtype=torch.bfloat16),
+        "e": torch.zeros(0, 2),
+        "n": torch.tensor(5),
+    }
+    write_format_1(store, "old", state)
+    assert vcdl_attrs(store, "old")["format"] == 1
+    assert store.exists("old")
+    assert_same_state(store.read_state("old"), state)
+    assert store.read_attrs("old") == {"old": True}
+    store.write_state("new", state)  # the same content in format 2: the same identity
+    assert store.checksum("old") == store.checksum("new")
+    key = "old/-0/" + store.open_group("old")["-0"].metadata.encode_chunk_key((0, 0))
+    raw = bytearray(backend.read_raw(key))
+    raw[3] ^= 0xFF
+    backend.write_raw(key, bytes(raw))
+    with pytest.raises(IntegrityError, match="'w'"):
+        store.read_state("old")
+
+
+def test_unknown_format_is_refused_clearly(store: WeightStore, backend: Backend) -> None:
+    store.write_state("v", {"a": torch.ones(2)})
+    doc = json.loads(backend.read_raw("v/zarr.json"))
+    doc["attributes"]["vcdl"]["format"] = 99
+    backend.write_raw("v/zarr.json", json.dumps(doc).encode())
+    with pytest.raises(StoreError, match=r"format 99.*reads formats 1, 2.*upgrade vcdl"):
+        store.read_state("v")
 
 
 # ------------------------------------------------- listing, paths, errors
@@ -665,10 +848,10 @@ def test_local_permission_denied_is_a_store_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Tests run as root here, where chmod cannot deny; fail the write itself.
-    def denied(*args: object) -> str:
+    def denied(*args: object) -> None:
         raise PermissionError(13, "Permission denied", str(tmp_path))
 
-    monkeypatch.setattr(store_module, "_write_files", denied)
+    monkeypatch.setattr(store_files, "write_chunk", denied)
     with pytest.raises(StoreError, match="permission denied writing") as info:
         WeightStore(str(tmp_path / "s")).write_state("v", {"a": torch.ones(1)})
     assert "check the credentials" in str(info.value)

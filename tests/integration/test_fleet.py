@@ -456,14 +456,18 @@ def test_fleet_run_survives_a_lost_worker(
         assert head.number == status["head_version"]
         options = {"endpoint_url": s3_endpoint, "key": S3_KEY, "secret": S3_SECRET}
         group = zarr.open_group(f"{store_url}/{head.uri}", mode="r", storage_options=options)
-        meta: Any = group.attrs["vcdl"]  # vcdl's record: tensor name -> array node, shape
+        # vcdl's record: tensor name -> its dtype's flat array, offset, shape
+        # (store format 2, vcdl/store_layout.py).
+        meta: Any = group.attrs["vcdl"]
         records: dict[str, Any] = meta["tensors"]
         arrays = dict(group.arrays())
-        assert sorted(arrays) == sorted(r["array"] for r in records.values())
+        assert sorted(arrays) == sorted({r["array"] for r in records.values()})
         ours = WeightStore(store_url, {"endpoint_url": s3_endpoint}).read_state(head.uri)
         assert list(ours) == list(records)
         for name, record in records.items():
-            plain = np.asarray(arrays[record["array"]][...]).reshape(record["shape"])
+            start, numel = record["offset"], int(np.prod(record["shape"], dtype=np.int64))
+            flat = arrays[record["array"]][start : start + numel]
+            plain = np.asarray(flat).reshape(record["shape"])
             assert list(plain.shape) == list(record["shape"]) == list(ours[name].shape), name
             assert plain.dtype == ours[name].numpy().dtype, name
             np.testing.assert_array_equal(plain, ours[name].numpy(), err_msg=name)

@@ -27,6 +27,7 @@ from vcdl.merge import (
     state_norm,
     update_norm,
     validate_result,
+    validated_vc_asgd,
     vc_asgd,
 )
 from vcdl.types import StateDict
@@ -353,6 +354,159 @@ def test_vc_asgd_rejects_unsupported_dtype_and_non_tensor() -> None:
 def test_merge_error_is_a_value_error() -> None:
     with pytest.raises(ValueError):
         vc_asgd({"w": torch.zeros(1)}, {}, 0.5)
+
+
+# --------------------------------------------------------------------------
+# vc_asgd into caller buffers; validated_vc_asgd (the assimilator's path)
+# --------------------------------------------------------------------------
+
+
+def empty_like(state: StateDict) -> StateDict:
+    return {k: torch.full_like(t, 7) for k, t in state.items()}
+
+
+@PROPS
+@given(pairs(), alphas)
+def test_vc_asgd_into_out_equals_fresh_and_keeps_inputs(
+    pair: list[StateDict], alpha: float
+) -> None:
+    head, result = pair
+    head_before, result_before = clone(head), clone(result)
+    out = empty_like(head)
+    got = vc_asgd(head, result, alpha, out=out)
+    assert_same_state(got, vc_asgd(head, result, alpha))  # the same arithmetic, bit for bit
+    for k, t in got.items():
+        assert t is out[k] or t.data_ptr() == out[k].data_ptr(), k  # written in place
+    assert_same_state(head, head_before)
+    assert_same_state(result, result_before)
+
+
+def test_vc_asgd_refuses_outputs_that_do_not_fit_or_overlap() -> None:
+    head = {"w": torch.randn(4), "n": torch.tensor(3)}
+    result = clone(head)
+    with pytest.raises(MergeError, match="shares memory"):
+        vc_asgd(head, result, 0.5, out=head)
+    with pytest.raises(MergeError, match="shares memory"):
+        vc_asgd(head, result, 0.5, out={"w": result["w"][:], "n": torch.tensor(0)})
+    with pytest.raises(MergeError, match="shape mismatch at 'w'"):
+        vc_asgd(head, result, 0.5, out={"w": torch.zeros(5), "n": torch.tensor(0)})
+    with pytest.raises(MergeError, match="missing from out"):
+        vc_asgd(head, result, 0.5, out={"w": torch.zeros(4)})
+
+
+@PROPS
+@given(pairs(), alphas, st.sampled_from([None, 0.0, 10.0, 1e9]))
+def test_validated_vc_asgd_agrees_with_validate_then_merge(
+    pair: list[StateDict], alpha: float, bound: float | None
+) -> None:
+    head, result = pair
+    head_before, result_before = clone(head), clone(result)
+    got = validated_vc_asgd(head, result, alpha, bound, out=empty_like(head))
+    reason = validate_result(head, result, bound)
+    if reason is not None:
+        assert got == reason
+        return
+    assert isinstance(got, dict) and list(got) == list(head)
+    ref = ref_vc_asgd(head, result, alpha)
+    for k, h in head.items():
+        assert got[k].dtype == h.dtype and got[k].shape == h.shape, k
+        mag = (
+            alpha * np.abs(np64(h)) + (1 - alpha) * np.abs(np64(result[k]))
+            if h.is_floating_point()
+            else np.zeros(())
+        )
+        assert_close(got[k], ref[k], mag, h.dtype)
+    assert_same_state(head, head_before)
+    assert_same_state(result, result_before)
+
+
+@PROPS
+@given(pairs())
+def test_validated_vc_asgd_ends_are_exact(pair: list[StateDict]) -> None:
+    head, result = pair
+    one = validated_vc_asgd(head, result, 1.0)
+    zero = validated_vc_asgd(head, result, 0.0, out=empty_like(head))
+    assert isinstance(one, dict) and isinstance(zero, dict)
+    for k, h in head.items():
+        if h.is_floating_point():
+            assert torch.equal(one[k], h), k
+            assert torch.equal(zero[k], result[k]), k
+
+
+@PROPS
+@given(
+    state_lists(n=2, dtypes=FLOAT_DTYPES),
+    st.data(),
+    st.sampled_from([math.nan, math.inf, -math.inf]),
+    st.sampled_from([None, 1e30]),
+    st.sampled_from([0.0, 0.3, 1.0]),
+)
+def test_validated_vc_asgd_rejects_nan_and_inf_like_validate(
+    pair: list[StateDict], data: st.DataObject, bad: float, bound: float | None, alpha: float
+) -> None:
+    head, result = pair
+    keys = [k for k, t in head.items() if t.numel() > 0]
+    assume(keys)
+    corrupted = clone(result)
+    for _ in range(data.draw(st.integers(1, 3))):  # maybe several bad keys: the first is named
+        key = data.draw(st.sampled_from(keys))
+        i = data.draw(st.integers(0, head[key].numel() - 1))
+        corrupted[key].view(-1)[i] = bad
+    reason = validated_vc_asgd(head, corrupted, alpha, bound, out=empty_like(head))
+    assert isinstance(reason, str)
+    assert reason == validate_result(head, corrupted, bound)
+
+
+def test_validated_vc_asgd_does_not_overflow_where_vc_asgd_does_not() -> None:
+    # lerp's result - head is 6e38 here, past float32; the product form is finite.
+    head = {"w": torch.full((4,), -3e38), "b": torch.full((2,), -3e38, dtype=torch.bfloat16)}
+    result = {"w": torch.full((4,), 3e38), "b": torch.full((2,), 3e38, dtype=torch.bfloat16)}
+    got = validated_vc_asgd(head, result, 0.5, out=empty_like(head))
+    assert isinstance(got, dict)
+    assert_same_state(got, vc_asgd(head, result, 0.5))
+    assert bool(torch.isfinite(got["w"]).all()) and bool(torch.isfinite(got["b"]).all())
+
+
+def test_validated_vc_asgd_keeps_a_nan_head_like_vc_asgd() -> None:
+    # validate_result without a bound looks at the result only; so does the fused check.
+    head = {"w": torch.tensor([1.0, math.nan])}
+    result = {"w": torch.tensor([2.0, 3.0])}
+    got = validated_vc_asgd(head, result, 0.5)
+    assert isinstance(got, dict)
+    assert torch.equal(got["w"][:1], torch.tensor([1.5])) and math.isnan(float(got["w"][1]))
+
+
+def test_validated_vc_asgd_on_large_mixed_tensors() -> None:
+    gen = torch.Generator().manual_seed(3)
+    head = {
+        "conv": torch.randn(64, 32, 3, 3, generator=gen),  # 18K floats: a real-size tensor
+        "half": torch.randn(5000, generator=gen).half(),
+        "bf": torch.randn(70, 70, generator=gen).bfloat16(),
+        "n": torch.tensor(4),
+        "f": torch.tensor([True, False]),
+    }
+    result = {k: (t * 0.5 + 1 if t.is_floating_point() else t) for k, t in head.items()}
+    for alpha in (0.0, 0.1, 0.7, 1.0):
+        got = validated_vc_asgd(head, result, alpha, out=empty_like(head))
+        assert isinstance(got, dict)
+        ref = ref_vc_asgd(head, result, alpha)  # one final rounding, as vc_asgd
+        for k, h in head.items():
+            mag = alpha * np.abs(np64(h)) + (1 - alpha) * np.abs(np64(result[k]))
+            assert_close(got[k], ref[k], mag, h.dtype)
+    bad = clone(result)
+    bad["conv"].view(-1)[12345] = math.inf
+    assert validated_vc_asgd(head, bad, 0.5) == validate_result(head, bad)
+
+
+def test_validated_vc_asgd_argument_errors() -> None:
+    head = {"w": torch.zeros(2)}
+    with pytest.raises(MergeError, match="alpha"):
+        validated_vc_asgd(head, clone(head), 1.5)
+    with pytest.raises(MergeError, match="max_update_norm"):
+        validated_vc_asgd(head, clone(head), 0.5, max_update_norm=-1.0)
+    with pytest.raises(MergeError, match="shares memory"):
+        validated_vc_asgd(head, clone(head), 0.5, out=head)
+    assert "shape mismatch" in str(validated_vc_asgd(head, {"w": torch.zeros(3)}, 0.5))
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,122 @@
+"""HeadCache: the assimilator's cached head and its recycled output buffers.
+
+The cache lends the tensors of the version before the head to the next
+merge (double buffering). These tests pin who may be written to: only
+states the cache owns, never the current head, never a state a caller put
+without ``owned=True``, never a state returned by ``get`` before two more
+versions have been put.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vcdl.assimilator import HeadCache
+from vcdl.merge import vc_asgd
+from vcdl.types import StateDict
+
+
+class _Row:
+    """The two fields of a ledger Version that the cache reads."""
+
+    def __init__(self, number: int, uri: str) -> None:
+        self.number, self.uri = number, uri
+
+
+def state(value: float) -> StateDict:
+    return {"w": torch.full((3, 2), value), "n": torch.tensor(int(value))}
+
+
+def ptrs(s: StateDict) -> set[int]:
+    return {t.data_ptr() for t in s.values()}
+
+
+def copy(s: StateDict) -> StateDict:
+    return {k: t.clone() for k, t in s.items()}
+
+
+def chain(cache: HeadCache, result: StateDict, steps: int) -> list[StateDict]:
+    made = []
+    for _ in range(steps):
+        assert cache.state is not None and cache.number is not None
+        new = cache.merge(cache.state, result, 0.5)
+        assert isinstance(new, dict)
+        cache.put(cache.number + 1, new, owned=True)
+        made.append(new)
+    return made
+
+
+def test_merges_recycle_the_state_before_the_head() -> None:
+    cache = HeadCache()
+    v0 = state(0.0)
+    cache.put(0, v0, owned=True)
+    result = state(8.0)
+    v1, v2, v3 = chain(cache, result, 3)
+    assert ptrs(v1).isdisjoint(ptrs(v0))  # no spare yet: fresh memory
+    assert ptrs(v2) == ptrs(v0)  # v0's buffers, v0 being two versions old
+    assert ptrs(v3) == ptrs(v1)
+    assert torch.equal(v3["w"], torch.full((3, 2), 7.0))  # 0 -> 4 -> 6 -> 7
+    assert int(v3["n"]) == 8
+    assert torch.equal(result["w"], torch.full((3, 2), 8.0))  # the result is never written
+
+
+def test_values_match_plain_merges() -> None:
+    cache = HeadCache()
+    cache.put(0, state(1.0), owned=True)
+    result = {"w": torch.randn(3, 2), "n": torch.tensor(5)}
+    expected = state(1.0)
+    for _ in range(4):  # one step at a time: older versions get recycled
+        (new,) = chain(cache, result, 1)
+        expected = vc_asgd(expected, result, 0.5)
+        torch.testing.assert_close(new["w"], expected["w"], rtol=1e-6, atol=1e-6)
+        assert int(new["n"]) == 5
+
+
+def test_states_put_by_a_caller_are_never_written() -> None:
+    cache = HeadCache()
+    mine = state(2.0)
+    before = copy(mine)
+    cache.put(0, mine)  # not owned
+    result = state(4.0)
+    made = chain(cache, result, 3)
+    assert torch.equal(mine["w"], before["w"]) and torch.equal(mine["n"], before["n"])
+    assert all(ptrs(m).isdisjoint(ptrs(mine)) for m in made)
+
+
+def test_a_state_from_get_is_valid_until_two_more_versions() -> None:
+    cache = HeadCache()
+    loads: list[str] = []
+
+    def load(uri: str) -> StateDict:
+        loads.append(uri)
+        return state(1.0)
+
+    got = cache.get(_Row(5, "v5"), load)  # type: ignore[arg-type]
+    assert cache.get(_Row(5, "v5"), load) is got and loads == ["v5"]  # cached
+    snapshot = copy(got)
+    chain(cache, state(3.0), 1)
+    assert torch.equal(got["w"], snapshot["w"])  # one version later: untouched
+    chain(cache, state(3.0), 1)  # two versions later: its buffers hold v7
+    assert ptrs(cache.state or {}) == ptrs(got)
+
+
+def test_a_spare_of_another_shape_is_not_used() -> None:
+    cache = HeadCache()
+    cache.put(0, {"w": torch.zeros(5), "n": torch.tensor(0)}, owned=True)
+    cache.put(1, state(1.0), owned=True)  # the 5-element state becomes the spare
+    new = cache.merge(state(1.0), state(3.0), 0.5)
+    assert isinstance(new, dict) and new["w"].shape == (3, 2)
+
+
+def test_a_rejected_result_keeps_the_spare() -> None:
+    cache = HeadCache()
+    v0 = state(0.0)
+    cache.put(0, v0, owned=True)
+    chain(cache, state(2.0), 1)
+    bad = state(2.0)
+    bad["w"][0, 0] = float("nan")
+    assert cache.state is not None
+    reason = cache.merge(cache.state, bad, 0.5)
+    assert isinstance(reason, str) and "NaN" in reason
+    (v2,) = chain(cache, state(2.0), 1)
+    assert ptrs(v2) == ptrs(v0)  # the spare survived the rejection
