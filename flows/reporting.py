@@ -35,6 +35,8 @@ from vcdl.artifacts import (
     progress_png,
     summary_markdown,
 )
+from vcdl.cost import run_cost_report
+from vcdl.ledger_models import utcnow
 from vcdl.runtime import RunRef
 
 log = logging.getLogger(__name__)
@@ -51,8 +53,17 @@ def _logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
         return log
 
 
-def run_rows(ref: RunRef) -> list[dict[str, Any]]:
-    """The run's per-epoch metrics from the ledger."""
+def run_cost(ref: RunRef) -> dict[str, Any] | None:
+    """The run's cost report as of now (None, with a warning, if it cannot be priced)."""
+    try:
+        return run_cost_report(ref.ledger(), ref.run, ref.config().cost, until=utcnow())
+    except Exception as exc:
+        _logger().warning("cost not computed: %s", exc)
+        return None
+
+
+def run_rows(ref: RunRef, cost: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The run's per-epoch metrics from the ledger, with cost columns when ``cost`` is given."""
     ledger = ref.ledger()
     run = ledger.get_run(ref.run)
     return epoch_metrics(
@@ -61,6 +72,7 @@ def run_rows(ref: RunRef) -> list[dict[str, Any]]:
         ledger.versions(ref.run),
         ledger.evaluations(ref.run),
         started=run.created_at,
+        costs=cost["history"] if cost is not None else None,
     )
 
 
@@ -117,7 +129,7 @@ def publish_epoch_table(ref: RunRef, epoch: int) -> list[dict[str, Any]]:
     """The table artifact of one epoch; returns all rows (for the summary)."""
     from prefect.artifacts import create_table_artifact
 
-    rows = run_rows(ref)
+    rows = run_rows(ref, run_cost(ref))
     try:
         mine = [r for r in rows if r["epoch"] == epoch]
         create_table_artifact(
@@ -158,7 +170,8 @@ def publish_summary(ref: RunRef, summary: dict[str, Any]) -> None:
     """The run's markdown summary, with the progress plot embedded."""
     from prefect.artifacts import create_markdown_artifact
 
-    rows = run_rows(ref)
+    cost = run_cost(ref)
+    rows = run_rows(ref, cost)
     plot_uri = image = None
     try:
         plot_uri, png = save_plot(ref, rows)
@@ -168,7 +181,7 @@ def publish_summary(ref: RunRef, summary: dict[str, Any]) -> None:
     try:
         create_markdown_artifact(
             key=artifact_key("vcdl", "summary", ref.run),
-            markdown=summary_markdown(summary, rows, plot_uri, image, data_fingerprint(ref)),
+            markdown=summary_markdown(summary, rows, plot_uri, image, data_fingerprint(ref), cost),
             description=f"vcdl run {ref.run}",
         )
     except Exception as exc:

@@ -14,7 +14,7 @@ import base64
 import io
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -48,6 +48,7 @@ def epoch_metrics(
     versions: Iterable[Version],
     evaluations: Iterable[Evaluation],
     started: datetime | None = None,
+    costs: Iterable[Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per epoch with an evaluation or subtasks, from the ledger's rows.
 
@@ -55,8 +56,11 @@ def epoch_metrics(
     split), merges, reissues (attempts beyond the first), rejections, mean
     staleness of the epoch's versions, goodput (training seconds of merged
     attempts / all training seconds), head version, and the wall time from
-    ``started`` (the run's creation) to the epoch's evaluation.
+    ``started`` (the run's creation) to the epoch's evaluation. With
+    ``costs`` (the ``history`` of :func:`vcdl.cost.cost_summary`), also the
+    epoch's spot cost and the part of it wasted (``cost_usd``, ``waste_usd``).
     """
+    by_epoch = {int(c["epoch"]): c for c in costs} if costs is not None else None
     subs: dict[int, list[Subtask]] = defaultdict(list)
     for s in subtasks:
         subs[s.epoch].append(s)
@@ -101,7 +105,16 @@ def epoch_metrics(
                 "wall_seconds": wall,
             }
         )
+        if by_epoch is not None:
+            c = by_epoch.get(epoch, {})
+            rows[-1]["cost_usd"] = _usd(c.get("total_usd"))
+            rows[-1]["waste_usd"] = _usd(c.get("waste_usd"))
     return rows
+
+
+def _usd(x: float | None) -> float | None:
+    # Three significant digits: a small run's epoch costs millionths of a dollar.
+    return float(f"{x:.3g}") if x is not None else None
 
 
 def progress_percent(done: int, total: int) -> float:
@@ -160,12 +173,14 @@ def summary_markdown(
     plot_uri: str | None = None,
     plot_image: str | None = None,
     fingerprint: str | None = None,
+    cost: Mapping[str, Any] | None = None,
 ) -> str:
-    """The run's summary: state, lineage, per-epoch table, plot, how to export.
+    """The run's summary: state, lineage, per-epoch table, cost, plot, how to export.
 
     ``s`` is :func:`vcdl.report.run_status`'s summary; ``rows`` are
     :func:`epoch_metrics`; ``plot_image`` an image URL (e.g. a data URI)
-    embedded in the page, ``plot_uri`` where the PNG is stored.
+    embedded in the page, ``plot_uri`` where the PNG is stored; ``cost`` is
+    :func:`vcdl.cost.cost_report`'s report.
     """
     run = s["run"]
     lines = [
@@ -187,13 +202,14 @@ def summary_markdown(
     lines.append(
         f"Data set `{s.get('data')}`" + (f", fingerprint `{fingerprint}`." if fingerprint else ".")
     )
+    priced = any("cost_usd" in r for r in rows)
     lines += [
         "",
         "## Epochs",
         "",
         "| epoch | accuracy | loss | merges | reissues | rejections | mean staleness "
-        "| goodput | version | wall (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| goodput | version | wall (s) |" + (" spot $ | wasted $ |" if priced else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if priced else ""),
     ]
     for r in rows:
         lines.append(
@@ -201,7 +217,14 @@ def summary_markdown(
             f"{r['reissues']} | {r['rejections']} | {_fmt(r['mean_staleness'], '.2f')} | "
             f"{_fmt(r['goodput'], '.1%')} | {_fmt(r['version'])} | "
             f"{_fmt(r['wall_seconds'], '.1f')} |"
+            + (
+                f" {_fmt(r.get('cost_usd'), '.3g')} | {_fmt(r.get('waste_usd'), '.3g')} |"
+                if priced
+                else ""
+            )
         )
+    if cost is not None:
+        lines += ["", "## Cost", "", *_cost_lines(cost)]
     if plot_image or plot_uri:
         lines += ["", "## Progress", ""]
         if plot_image:
@@ -224,6 +247,39 @@ def summary_markdown(
         "```",
     ]
     return "\n".join(lines)
+
+
+def _cost_lines(c: Mapping[str, Any]) -> list[str]:
+    """The cost report as a short markdown list (definitions: vcdl/cost.py)."""
+    types = ", ".join(
+        f"`{k}` (spot ${t['spot_per_hour']:.4f}/h, on-demand ${t['on_demand_per_hour']:.4f}/h)"
+        for k, t in c.get("instance_types", {}).items()
+    )
+    lines = [
+        f"- Spot cost **{_dollars(c['total_usd'])}** over {c['worker_seconds']:.0f} worker-seconds "
+        f"({c['attempts']} attempts, {c['merged']} merged); wasted {_dollars(c['waste_usd'])}"
+        + (f" ({c['waste_share']:.1%})" if c.get("waste_share") is not None else "")
+        + ".",
+        f"- On-demand, same seconds: {_dollars(c['on_demand_equivalent_usd'])}; on-demand cost of "
+        f"the merged work: {_dollars(c['on_demand_merged_usd'])}.",
+    ]
+    if c.get("realized_savings") is not None and c.get("spot_discount") is not None:
+        lines.append(
+            f"- Realized savings **{c['realized_savings']:.1%}** against a spot discount of "
+            f"{c['spot_discount']:.1%} (waste cost {c['savings_gap_points']:.1f} points)."
+        )
+    if c.get("usd_per_merged_sample"):
+        lines.append(f"- {_dollars(c['usd_per_merged_sample'] * 1e6)} per million merged samples.")
+    lines.append(
+        f"- Instance types: {types or '-'}; prices as of {c.get('prices_as_of')}. "
+        f"Seconds of killed attempts are upper bounds ({c.get('upper_bound_seconds', 0):.0f} s). "
+        f"`vcdl cost {c['run']}` for the full report."
+    )
+    return lines
+
+
+def _dollars(x: float) -> str:
+    return f"${x:.4f}" if abs(x) >= 0.01 or x == 0 else f"${x:.3g}"
 
 
 # -- retraining -----------------------------------------------------------------

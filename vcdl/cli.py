@@ -96,8 +96,13 @@ def _parser() -> argparse.ArgumentParser:
     co = sub.add_parser("cost", parents=[common], help="a run's cost, waste and spot savings")
     co.add_argument("run")
     co.add_argument("--json", action="store_true")
-    co.add_argument("--instance", default="g4dn.xlarge", help="instance type of every worker")
-    co.add_argument("--prices", help="TOML file overriding vcdl's dated list prices")
+    co.add_argument(
+        "--instance",
+        help="instance type of every worker (default: the run's cost.instance_type)",
+    )
+    co.add_argument(
+        "--prices", help="TOML file overriding vcdl's dated list prices (default: cost.prices)"
+    )
 
     a = sub.add_parser(
         "audit", parents=[common], help="check a run's invariants (exit 1 if any fail)"
@@ -239,6 +244,10 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
         f"mean staleness {f'{mean_stale:.2f}' if mean_stale is not None else '-'}, "
         f"goodput {f'{goodput:.1%}' if goodput is not None else '-'}"
     )
+    phases = summary.get("phases") or {}
+    if phases:
+        order = sorted(phases.items(), key=lambda kv: -kv[1])
+        print("per merged attempt, mean s: " + ", ".join(f"{k} {v:.3f}" for k, v in order))
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -350,14 +359,16 @@ def _dispatch(args: argparse.Namespace) -> int:
             )
         return 0
     if args.command == "cost":
-        from vcdl.cost import cost_report, format_cost, load_prices
+        from vcdl.config import RunConfig
+        from vcdl.cost import format_cost, run_cost_report
 
-        report = cost_report(
-            api._ledger(args.home, args.ledger),
-            args.run,
-            load_prices(args.prices),
-            instance_type=args.instance,
-        )
+        ledger = api._ledger(args.home, args.ledger)
+        cost = RunConfig.model_validate_json(ledger.get_run(args.run).config).cost
+        given = {"instance_type": args.instance, "prices": args.prices}
+        cost = cost.model_copy(update={k: v for k, v in given.items() if v is not None})
+        if args.instance is not None:
+            cost = cost.model_copy(update={"worker_types": {}})  # "every worker" means every
+        report = run_cost_report(ledger, args.run, cost)
         print(json.dumps(report, indent=2, default=str) if args.json else format_cost(report))
         return 0
     if args.command == "status":

@@ -141,7 +141,13 @@ class ClusterSection(_Section):
         description="Existing Dask scheduler (tcp://host:8786); empty = start a LocalCluster.",
     )
     workers: int = Field(2, ge=1, le=1024, description="LocalCluster worker processes.")
-    threads_per_worker: int = Field(1, ge=1, le=256, description="Dask threads per worker.")
+    threads_per_worker: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="Attempts a LocalCluster worker trains at once (it gets one Dask thread "
+        "more, so the next task is set up while one trains).",
+    )
     memory_limit: str = Field("4GiB", description="Memory limit per LocalCluster worker.")
     task_resources: dict[str, float] = Field(
         default_factory=dict,
@@ -222,6 +228,23 @@ class FaultSection(_Section):
     )
 
 
+class CostSection(_Section):
+    instance_type: str = Field(
+        "g4dn.xlarge",
+        description="Instance type of the workers, for cost accounting (a key of the price "
+        "table: vcdl/prices.toml or cost.prices).",
+    )
+    prices: str | None = Field(
+        None,
+        description="TOML file of instance prices overriding vcdl's dated list prices "
+        '([instance."TYPE"] on_demand = ..., spot = ...).',
+    )
+    worker_types: dict[str, str] = Field(
+        default_factory=dict,
+        description="Worker address glob -> instance type, for fleets of several types.",
+    )
+
+
 class RunConfig(_Section):
     """Everything that defines a training run."""
 
@@ -234,6 +257,7 @@ class RunConfig(_Section):
     store: StoreSection = Field(default_factory=StoreSection)
     ledger: LedgerSection = Field(default_factory=LedgerSection)
     fault: FaultSection = Field(default_factory=FaultSection)
+    cost: CostSection = Field(default_factory=CostSection)
 
     def with_locations(self, home: str | Path) -> RunConfig:
         """Fill empty store/ledger URLs with the defaults under ``home``."""

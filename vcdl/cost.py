@@ -62,6 +62,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Final
 
+from vcdl.config import CostSection
 from vcdl.errors import ConfigError
 from vcdl.ledger import Attempt, Ledger
 
@@ -117,8 +118,8 @@ class PriceTable:
             raise ConfigError(
                 f"no price for instance type {instance_type!r}; known: "
                 f"{', '.join(sorted(self.prices))}; add it to a prices TOML file "
-                f'([instance."{instance_type}"] on_demand = ..., spot = ...) and pass it '
-                "to load_prices()"
+                f'([instance."{instance_type}"] on_demand = ..., spot = ...) and name it in the '
+                "run's cost.prices (or `vcdl cost --prices FILE`)"
             ) from None
 
     def __contains__(self, instance_type: object) -> bool:
@@ -462,6 +463,32 @@ def cost_report(
         "prices_files": list(table.files),
         **summary,
     }
+
+
+def run_prices(cost: CostSection) -> PriceTable:
+    """The price table of a run's ``[cost]`` settings, every instance type it names priced.
+
+    Raises:
+        ConfigError: the prices file is unreadable or an instance type has no price.
+    """
+    table = load_prices(cost.prices)
+    for kind in sorted({cost.instance_type, *cost.worker_types.values()}):
+        table[kind]
+    return table
+
+
+def run_cost_report(
+    ledger: Ledger, run: str, cost: CostSection, until: datetime | None = None
+) -> dict[str, Any]:
+    """:func:`cost_report` with the prices and instance types of a run's ``[cost]`` settings."""
+    return cost_report(
+        ledger,
+        run,
+        run_prices(cost),
+        instance_type=cost.instance_type,
+        worker_types=cost.worker_types,
+        until=until,
+    )
 
 
 # --------------------------------------------------------------------------

@@ -50,6 +50,7 @@ def _no_runs(home: Path) -> bool:
         (GOOD + "[merge]\nalpha = 1.5\n", "merge.alpha"),
         (GOOD.replace("shards = 2", "shards = 0"), "data.shards"),
         ("[run\nepochs=", "not valid TOML"),
+        (GOOD + "[cost]\ninstance_type = 'h100'\n", "no price for instance type 'h100'"),
     ],
     ids=[
         "unknown-key",
@@ -59,6 +60,7 @@ def _no_runs(home: Path) -> bool:
         "alpha",
         "zero-shards",
         "toml",
+        "unpriced-instance",
     ],
 )
 def test_bad_input_exit_2(

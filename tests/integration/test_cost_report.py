@@ -192,3 +192,30 @@ def test_default_prices_and_errors(ledger: Ledger, clock: Clock) -> None:
         cost_report(ledger, "ghost")
     with pytest.raises(ConfigError, match="no price for instance type 'h100'"):
         cost_report(ledger, "r", instance_type="h100")
+
+
+def test_run_cost_report_follows_the_runs_cost_section(
+    ledger: Ledger, clock: Clock, prices: PriceTable, tmp_path: Path
+) -> None:
+    from vcdl.config import CostSection
+    from vcdl.cost import run_cost_report, run_prices
+
+    play(ledger, clock)
+    cost = CostSection(
+        instance_type="small",
+        prices=str(tmp_path / "prices.toml"),  # the fixture's file
+        worker_types=dict(WORKER_TYPES),
+    )
+    got = run_cost_report(ledger, "r", cost)
+    want = cost_report(
+        ledger,
+        "r",
+        load_prices(tmp_path / "prices.toml"),
+        instance_type="small",
+        worker_types=WORKER_TYPES,
+    )
+    assert got == want and set(got["instance_types"]) == {"small", "large"}
+    with pytest.raises(ConfigError, match="no price for instance type 'h100'"):
+        run_prices(CostSection(instance_type="h100"))
+    with pytest.raises(ConfigError, match="no price for instance type 'tiny'"):
+        run_prices(CostSection(worker_types={"tcp://*": "tiny"}))

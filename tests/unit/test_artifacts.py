@@ -70,6 +70,20 @@ def test_epoch_metrics_from_ledger_rows() -> None:
     }
     assert rows[1]["epoch"] == 1 and rows[1]["accuracy"] is None and rows[1]["merges"] == 1
     assert rows[1]["goodput"] == 1.0 and rows[1]["wall_seconds"] is None
+    assert "cost_usd" not in rows[0]
+
+    history = [{"epoch": 0, "total_usd": 0.0123456, "waste_usd": 0.001}]
+    priced = epoch_metrics(subtasks, attempts, versions, evals, started=T0, costs=history)
+    assert (priced[0]["cost_usd"], priced[0]["waste_usd"]) == (0.0123, 0.001)
+    tiny = epoch_metrics(
+        subtasks,
+        attempts,
+        versions,
+        evals,
+        costs=[{"epoch": 0, "total_usd": 6.854e-06, "waste_usd": 0.0}],
+    )
+    assert (tiny[0]["cost_usd"], tiny[0]["waste_usd"]) == (6.85e-06, 0.0)
+    assert (priced[1]["cost_usd"], priced[1]["waste_usd"]) == (None, None)  # not priced yet
 
 
 def test_progress_percent() -> None:
@@ -104,6 +118,37 @@ def test_summary_markdown_has_lineage_plot_and_export() -> None:
     assert "](data:image/png;base64," in md and "vcdl export child" in md
     fresh = summary_markdown({**s, "parent_run": None, "parent_version": None})
     assert "fresh initialization" in fresh
+    assert "## Cost" not in fresh and "spot $" not in fresh
+
+
+def test_summary_markdown_shows_cost() -> None:
+    s = {
+        "run": "r", "state": "completed", "epochs": 1, "epochs_completed": 1,
+        "head_version": 4, "test_accuracy": 0.9, "data": "mnist1d",
+        "parent_run": None, "parent_version": None,
+    }  # fmt: skip
+    rows = [
+        {"epoch": 0, "accuracy": 0.9, "loss": 0.3, "merges": 4, "reissues": 1,
+         "rejections": 0, "mean_staleness": 0.25, "goodput": 0.8, "version": 4,
+         "wall_seconds": 5.0, "cost_usd": 0.0125, "waste_usd": 0.0025},
+    ]  # fmt: skip
+    cost = {
+        "run": "r", "total_usd": 0.0125, "worker_seconds": 120.0, "attempts": 5, "merged": 4,
+        "waste_usd": 0.0025, "waste_share": 0.2, "on_demand_equivalent_usd": 0.03,
+        "on_demand_merged_usd": 0.024, "realized_savings": 0.479, "spot_discount": 0.583,
+        "savings_gap_points": 10.4, "usd_per_merged_sample": 0.0125 / 4000,
+        "instance_types": {"g4dn.xlarge": {"spot_per_hour": 0.2104, "on_demand_per_hour": 0.526}},
+        "prices_as_of": "2026-11-01", "upper_bound_seconds": 3.0,
+    }  # fmt: skip
+    md = summary_markdown(s, rows, cost=cost)
+    assert "| 80.0% | 4 | 5.0 | 0.0125 | 0.0025 |" in md
+    assert "spot $ | wasted $ |" in md and "## Cost" in md
+    assert "Spot cost **$0.0125**" in md and "wasted $0.0025 (20.0%)" in md
+    assert "Realized savings **47.9%** against a spot discount of 58.3%" in md
+    assert "(waste cost 10.4 points)" in md and "$3.1250 per million merged samples" in md
+    assert "`g4dn.xlarge` (spot $0.2104/h" in md and "`vcdl cost r`" in md
+    tiny = summary_markdown(s, rows, cost={**cost, "total_usd": 6.854e-06, "waste_usd": 0.0})
+    assert "Spot cost **$6.85e-06**" in tiny and "wasted $0.0000" in tiny
 
 
 def test_retrain_decision() -> None:
