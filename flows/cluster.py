@@ -5,14 +5,26 @@ A configured ``cluster.address`` is used as is (its workers must already have
 ``LocalCluster`` of worker processes is started for the flow's lifetime, with
 the flow's Prefect API URL in every worker's environment: without it each
 Dask worker starts its own temporary Prefect server (STACK-NOTES.md).
+
+Every worker, also one that joins later, gets vcdl's worker plugins: the
+preemption-notice handler and a warm-up that imports torch, Prefect's task
+engine and vcdl's hot path when the worker starts. Without it each worker's
+first shard task stalls 5-7 s on imports while the run is already under way
+(benchmarks/overhead.py); with it the stall is part of starting the cluster,
+as on a warm fleet.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from flows.watchdog import ClusterWatchdog
 from vcdl.config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -41,6 +53,16 @@ def worker_env(cfg: RunConfig) -> dict[str, str]:
     return env
 
 
+def training_slots(cfg: RunConfig) -> int | None:
+    """Attempts one worker trains at once, when vcdl started the cluster; else None.
+
+    vcdl's LocalCluster gives each worker one Dask thread more than this (see
+    :func:`vcdl.attempt.training_slot`). A cluster given by address keeps its
+    own workers' thread counts: every thread may train, as before.
+    """
+    return None if cfg.cluster.address else cfg.cluster.threads_per_worker
+
+
 @contextmanager
 def dask_cluster(cfg: RunConfig) -> Iterator[str]:
     """Yield a scheduler address: the configured one, or a LocalCluster's."""
@@ -52,7 +74,10 @@ def dask_cluster(cfg: RunConfig) -> Iterator[str]:
 
     with LocalCluster(
         n_workers=cfg.cluster.workers,
-        threads_per_worker=cfg.cluster.threads_per_worker,
+        # One thread more than the attempts a worker trains at once: Prefect's
+        # engine sets up the next task while the current one trains (see
+        # vcdl.attempt.training_slot).
+        threads_per_worker=cfg.cluster.threads_per_worker + 1,
         processes=True,
         memory_limit=cfg.cluster.memory_limit,
         # The scheduler always serves HTTP (health, and the dashboard when
@@ -65,14 +90,46 @@ def dask_cluster(cfg: RunConfig) -> Iterator[str]:
             "LocalCluster with %d workers at %s", cfg.cluster.workers, cluster.scheduler_address
         )
         register_worker_plugins(cluster.scheduler_address)
-        yield cluster.scheduler_address
+        # Restarts workers the cluster gave up on (flows/watchdog.py).
+        watchdog = ClusterWatchdog(cluster, cfg.cluster.workers)
+        watchdog.start()
+        try:
+            yield cluster.scheduler_address
+        finally:
+            watchdog.stop()
+
+
+def warm_up() -> None:
+    """Import what a shard task needs and run torch once (its first op initializes kernels)."""
+    import torch
+    from prefect import task_engine  # noqa: F401  (the engine that runs every task)
+
+    import flows.epoch  # noqa: F401  (the shard task and vcdl's hot path: ledger, store, train)
+
+    model = torch.nn.Sequential(torch.nn.Conv1d(1, 4, 3), torch.nn.Flatten(), torch.nn.Linear(8, 2))
+    model(torch.zeros(4, 1, 4)).sum().backward()
+    torch.optim.Adam(model.parameters()).step()
+
+
+class WarmupPlugin(WorkerPlugin):
+    """Imports the hot path when a worker starts, before it is given any task."""
+
+    name = "vcdl-warmup"
+
+    async def setup(self, worker: Any) -> None:
+        # Off the event loop: seconds of imports would stall the worker's heartbeats.
+        await asyncio.get_running_loop().run_in_executor(None, warm_up)
 
 
 def register_worker_plugins(address: str) -> None:
-    """Install vcdl's worker plugins; the scheduler re-applies them to workers that join later."""
+    """Install vcdl's worker plugins; the scheduler re-applies them to workers that join later.
+
+    Returns once every current worker has run their setup (the warm-up included).
+    """
     from distributed import Client
 
     from vcdl.preemption import PreemptionPlugin
 
     with Client(address, timeout=60) as client:
         client.register_plugin(PreemptionPlugin())
+        client.register_plugin(WarmupPlugin())

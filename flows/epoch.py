@@ -9,11 +9,17 @@ when the worker process running the task is gone (STACK-NOTES.md).
 Recovery at the start of an epoch makes the flow safe to kill at any point:
 attempts a dead driver left "running" are recorded as killed, results it left
 unmerged are merged now (never trained again), and only the rest is submitted.
+
+The barrier costs the workers as little as possible: epoch e's head is
+evaluated by the driver at the start of epoch e+1, while e+1's first attempts
+train (the final epoch's before the flow returns), and every Dask worker has
+imported the hot path before the first submission (flows/cluster.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -24,9 +30,10 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture, as_completed
 
-from flows.reporting import ProgressUpdater
+from flows.cluster import training_slots
+from flows.reporting import ProgressUpdater, publish_epoch_table
 from vcdl.assimilator import MERGEABLE_ATTEMPT_STATES, HeadCache, merge_attempt
-from vcdl.attempt import TERMINAL_SUBTASK_STATES, run_attempt
+from vcdl.attempt import TERMINAL_SUBTASK_STATES, run_attempt, training_slot
 from vcdl.config import RunConfig
 from vcdl.errors import EpochFailed
 from vcdl.ledger import Subtask
@@ -37,6 +44,9 @@ from vcdl.runtime import RunRef
 Key = tuple[int, int]  # (epoch, shard)
 DEFERRED = "deferred"
 POLL_SECONDS = 2.0
+# One DEBUG record per submission, its ``created`` the driver's submit time:
+# benchmarks/overhead.py listens to it to time "first dispatch" exactly.
+dispatch_log = logging.getLogger("vcdl.dispatch")
 
 
 # persist_result=False: results are small dicts the driver consumes at once;
@@ -52,10 +62,28 @@ def train_shard(
     ref: RunRef, config: RunConfig, epoch: int, shard: int, base_version: int | None = None
 ) -> dict[str, Any]:
     """Train one attempt of (run, epoch, shard) on whichever worker runs this."""
-    if notice_received():
-        # A worker under notice takes nothing new: the flow reissues elsewhere.
-        raise Preempted("worker has a preemption notice")
-    return run_attempt(ref, epoch, shard, base_version, notice_received, config).to_dict()
+    # Imported here: the task function is pickled by value, and a module-level
+    # threading.local would go with it (it cannot be pickled).
+    from distributed.worker import thread_state
+
+    body_started = time.time()
+    # The worker's spare Dask thread gets here while its other task trains
+    # (flows/cluster.py): wait for the slot, then claim the freshest head.
+    with training_slot(training_slots(config)):
+        slot_acquired = time.time()
+        if notice_received():
+            # A worker under notice takes nothing new: the flow reissues elsewhere.
+            raise Preempted("worker has a preemption notice")
+        out = run_attempt(ref, epoch, shard, base_version, notice_received, config).to_dict()
+    # Wall-clock marks (one machine's clock, or NTP-synced ones) that let the
+    # driver split dispatch overhead into Dask scheduling and Prefect's engine.
+    out["clock"] = {
+        "dask_started": getattr(thread_state, "start_time", None),
+        "body_started": body_started,
+        "slot_acquired": slot_acquired,
+        "body_ended": time.time(),
+    }
+    return out
 
 
 @task(
@@ -101,6 +129,10 @@ class EpochDriver:
         self.cache = HeadCache()
         self.pending: dict[PrefectFuture[dict[str, Any]], Key] = {}
         self.submitted: dict[Key, int] = {}
+        self.submitted_at: dict[Key, float] = {}
+        # When each worker last finished a task body: a task submitted while
+        # its worker was busy waited in a queue, which is not dispatch overhead.
+        self.worker_free_at: dict[str, float] = {}
         self.base: int | None = None
         self.tally = dict.fromkeys(
             ("merged", "duplicate", "rejected", "skipped", "errors", "reissued", "timeouts"), 0
@@ -150,7 +182,15 @@ class EpochDriver:
 
     def submit(self, key: Key) -> None:
         self.submitted[key] = self.submitted.get(key, 0) + 1
+        self.submitted_at[key] = time.time()
         epoch, shard = key
+        dispatch_log.debug(
+            "submit epoch %d shard %d attempt %d",
+            epoch,
+            shard,
+            self.submitted[key],
+            extra={"vcdl_run": self.ref.run, "vcdl_epoch": epoch, "vcdl_shard": shard},
+        )
         # Dask resources (e.g. GPU=1) ride on the task as an annotation.
         resources = dict(self.cfg.cluster.task_resources)
         with dask.annotate(resources=resources) if resources else contextlib.nullcontext():
@@ -179,9 +219,18 @@ class EpochDriver:
         self.log.warning("epoch %d shard %d reissued: %s", key[0], key[1], reason)
         self.submit(key)
 
-    def _merge(self, attempt_id: str, key: Key, reissue_on_reject: bool = True) -> None:
+    def _merge(
+        self,
+        attempt_id: str,
+        key: Key,
+        reissue_on_reject: bool = True,
+        overhead: dict[str, float] | None = None,
+    ) -> None:
         outcome = merge_attempt(self.ref, attempt_id, self.cfg, self.cache)
         self.tally[outcome.kind] += 1
+        if outcome.kind in ("merged", "rejected"):
+            phases = {f"assimilator_{k}": v for k, v in outcome.timings.items()}
+            self.ledger.add_timings(attempt_id, phases | (overhead or {}))
         if outcome.kind == "rejected":
             self.log.warning("epoch %d shard %d rejected: %s", key[0], key[1], outcome.reason)
             if reissue_on_reject:
@@ -230,7 +279,42 @@ class EpochDriver:
         self.tally["killed"] += self._mark_running_attempts(
             key, "killed", "worker died; the task was re-run elsewhere"
         )
-        self._merge(str(out["attempt_id"]), key)
+        self._merge(str(out["attempt_id"]), key, overhead=self._dispatch_overhead(key, out))
+
+    def _dispatch_overhead(self, key: Key, out: dict[str, Any]) -> dict[str, float]:
+        """Seconds outside the task body: queueing, Dask scheduling and Prefect's task engine.
+
+        ``queued`` is time the attempt waited because its worker was busy (in
+        Dask's queues, or started on the worker's spare thread and waiting for
+        the training slot): not overhead. ``scheduling`` counts from when the
+        worker was free (its previous body ended) to Dask starting the task.
+        ``prefect`` is the engine before and after the body; when the task
+        started on the spare thread its "before" overlapped the previous
+        attempt's training.
+        """
+        clock = out.get("clock") or {}
+        sent, received = self.submitted_at.get(key), time.time()
+        begun, started, ended = (
+            clock.get("dask_started"),
+            clock.get("body_started"),
+            clock.get("body_ended"),
+        )
+        if sent is None or started is None or ended is None:
+            return {}
+        acquired = clock.get("slot_acquired", started)
+        worker = str(out.get("worker") or "")
+        # The attempt could not train before its worker finished the previous one.
+        ready = max(sent, self.worker_free_at.get(worker, sent))
+        self.worker_free_at[worker] = max(ended, self.worker_free_at.get(worker, ended))
+        if begun is None:  # not run by a Dask worker thread: all of it is "dispatch"
+            return {"dispatch": max(0.0, started - ready + received - ended)}
+        return {
+            "queued": max(0.0, min(ready, begun) - sent) + max(0.0, acquired - started),
+            "scheduling": max(0.0, begun - ready),
+            # Prefect's engine before the body, and after it plus the return
+            # of the result dict through Dask (a few hundred bytes).
+            "prefect": max(0.0, started - begun) + max(0.0, received - ended),
+        }
 
     def _check_deadlines(self) -> None:
         """Reissue subtasks whose running attempt is past its deadline."""
@@ -307,6 +391,34 @@ class EpochDriver:
                     store.delete(a.result_uri)
                 self.tally["duplicate"] += 1
 
+    def _unevaluated_previous(self) -> tuple[int, int] | None:
+        """(epoch, version) of the previous epoch's barrier head if it has no evaluation yet.
+
+        The driver evaluates epoch e's head at the start of epoch e+1, before it
+        merges anything of e+1 (merges happen only in ``recover`` and ``drain``).
+        So while that evaluation is missing, the head *is* the barrier head, also
+        after a driver died in between.
+        """
+        prev = self.epoch - 1
+        if prev < 0 or any(
+            e.epoch == prev and e.split == "test" for e in self.ledger.evaluations(self.ref.run)
+        ):
+            return None
+        return prev, self.ledger.get_run(self.ref.run).head_version
+
+    def _evaluate(self, epoch: int, version: int) -> dict[str, Any]:
+        # In the driver: workers are busy training (previous epoch) or done (final).
+        # The driver may have no GPU even when the workers train on one.
+        cfg = (
+            self.cfg.updated(train={"device": "auto"})
+            if self.cfg.train.device == "cuda"
+            else self.cfg
+        )
+        ev = evaluate_head.with_options(tags=[f"run:{self.ref.run}"])(self.ref, cfg, version, epoch)
+        publish_epoch_table(self.ref, epoch)
+        self.log.info("epoch %d: head v%d, test accuracy %.4f", epoch, version, ev["accuracy"])
+        return ev
+
     def run(self) -> dict[str, Any]:
         self.ledger.ensure_subtasks(self.ref.run, self.epoch, self.cfg.data.shards)
         if self.cfg.merge.rule == "average":
@@ -314,10 +426,15 @@ class EpochDriver:
             self.base = (
                 min(merged) - 1 if merged else self.ledger.get_run(self.ref.run).head_version
             )
+        previous = self._unevaluated_previous()  # before recover(), which may merge
         self.recover()
         for key in self._todo():
             self.submit(key)
         started = time.perf_counter()
+        # The epoch barrier's evaluation overlaps this epoch's first attempts:
+        # the workers do not wait for it.
+        if previous is not None:
+            self._evaluate(*previous)
         self.drain()
         subs = self.ledger.subtasks(self.ref.run, self.epoch)
         if not any(s.state == "merged" for s in subs):
@@ -328,25 +445,19 @@ class EpochDriver:
             )
         self._settle()
         head = self.ledger.get_run(self.ref.run).head_version
-        ev = (
-            evaluate_head.with_options(tags=[f"run:{self.ref.run}"])
-            .submit(self.ref, self.cfg, head, self.epoch)
-            .result()
-        )
+        # The last epoch has no next one to overlap with: evaluate it now, before
+        # the run counts it as done (a resumed driver then evaluates it again).
+        ev = self._evaluate(self.epoch, head) if self.final else None
         self.ledger.update_run(self.ref.run, epochs_completed=self.epoch + 1)
         self.progress(force=True)
         self.log.info(
-            "epoch %d done in %.1fs: head v%d, test accuracy %.4f",
-            self.epoch,
-            time.perf_counter() - started,
-            head,
-            ev["accuracy"],
+            "epoch %d done in %.1fs: head v%d", self.epoch, time.perf_counter() - started, head
         )
         return {
             "epoch": self.epoch,
             "head_version": head,
             **self.tally,
-            "test_accuracy": ev["accuracy"],
+            "test_accuracy": ev["accuracy"] if ev else None,
         }
 
 

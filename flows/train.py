@@ -28,7 +28,6 @@ from flows.epoch import epoch_flow
 from flows.reporting import (
     ProgressUpdater,
     emit,
-    publish_epoch_table,
     publish_summary,
     start_progress,
 )
@@ -197,7 +196,6 @@ def _train(config: RunConfig, home: str | None, chaos: ChaosSpec | None) -> dict
                         task_runner=runner,  # type: ignore[arg-type]  # DaskTaskRunner is one
                         flow_run_name=f"{ref.run} · epoch {epoch}",
                     )(ref, cfg, epoch, final=epoch == cfg.run.epochs - 1, progress_id=progress_id)
-                    publish_epoch_table(ref, epoch)
                 if chaos_thread is not None:
                     logger.warning("preemptions sent: %s", chaos_thread.counts())
         except BaseException:

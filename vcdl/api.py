@@ -66,9 +66,12 @@ def _resolve(
 
 
 def preflight(cfg: RunConfig) -> None:
-    """Fail on a missing data set or a broken model factory before the ledger is touched."""
+    """Fail on a missing data set, a broken model factory or an unpriced instance type
+    before the ledger is touched."""
+    from vcdl.cost import run_prices
     from vcdl.runs import ensure_dataset, new_model
 
+    run_prices(cfg.cost)
     ref = RunRef.from_config(cfg)
     info = ensure_dataset(ref.store(), cfg)
     new_model(cfg, info)

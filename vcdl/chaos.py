@@ -16,7 +16,10 @@ cluster replaces what it loses the way a fleet would: a LocalCluster's nanny
 restarts the worker process; on a real fleet a new instance joins.
 
 The schedule is pure (:func:`chaos_schedule`); :class:`Preemptor` carries it
-out in a thread and logs every event with its time.
+out in a thread and logs every event with its time. :class:`ScheduledKiller`
+carries out a kill schedule against any local processes from a time zero the
+caller marks, so that different systems can be given identical kills
+(benchmarks/time_to_accuracy.py).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -203,3 +207,107 @@ class Preemptor(threading.Thread):
                     _deliver(client, worker, pid, signal.SIGKILL)
         except Exception:  # already gone, which is what we wanted
             pass
+
+
+class ScheduledKiller(threading.Thread):
+    """SIGKILLs local processes at fixed offsets from a time zero the caller sets.
+
+    :class:`Preemptor` starts its clock when it starts and talks to a Dask
+    scheduler; this one is for comparisons where several systems must suffer
+    *the same* kills at the same seconds after *their own* time zero (the
+    first dispatch of training work): the clock starts at :meth:`start_clock`
+    and ``victims`` (label -> pid, e.g. :func:`dask_worker_pids` or the
+    training processes under a ``torchrun`` agent) says who can be hit. An
+    event fires only while at least ``min_victims`` are up — a machine that is
+    already down cannot be taken again — else it is recorded as skipped. The
+    victim is a seeded choice among the sorted labels, so two runs with the
+    same seed and the same victim count pick the same positions.
+    """
+
+    def __init__(
+        self,
+        events: list[ChaosEvent],
+        victims: Callable[[], Mapping[str, int]],
+        *,
+        seed: int = 0,
+        min_victims: int = 1,
+        log_path: str | Path | None = None,
+    ) -> None:
+        super().__init__(name="vcdl-scheduled-killer", daemon=True)
+        if any(e.kind != "kill" for e in events):
+            raise ValueError("ScheduledKiller only carries out kills (no notices)")
+        self.events = sorted(events, key=lambda e: e.at)
+        self.victims = victims
+        self.rng = random.Random(seed)
+        self.min_victims = min_victims
+        self.log_path = Path(log_path) if log_path else None
+        self.records: list[ChaosRecord] = []
+        self.t0: float | None = None  # time.time() of time zero
+        self._clock = threading.Event()
+        self._stop_event = threading.Event()
+
+    def start_clock(self, t0: float | None = None) -> None:
+        """Time zero is ``t0`` (``time.time()``; default now); only the first call counts."""
+        if self.t0 is None:
+            self.t0 = time.time() if t0 is None else t0
+            self._clock.set()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self._clock.set()
+
+    def kills(self) -> int:
+        return sum(1 for r in self.records if r.outcome == "sent")
+
+    def _record(self, rec: ChaosRecord) -> None:
+        self.records.append(rec)
+        log.warning(
+            "chaos: kill %s (pid %s) at %.1fs: %s", rec.worker, rec.pid, rec.at, rec.outcome
+        )
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"time": time.time(), **asdict(rec)}) + "\n")
+
+    def run(self) -> None:
+        self._clock.wait()
+        for event in self.events:
+            if self._stop_event.is_set() or self.t0 is None:
+                return
+            delay = self.t0 + event.at - time.time()
+            if delay > 0 and self._stop_event.wait(delay):
+                return
+            self._fire(event)
+
+    def _fire(self, event: ChaosEvent) -> None:
+        try:
+            up = dict(self.victims())
+        except Exception as exc:  # between processes: nobody to hit
+            self._record(ChaosRecord(event.at, "kill", "-", None, f"skipped: {exc}"))
+            return
+        if len(up) < self.min_victims:
+            self._record(ChaosRecord(event.at, "kill", "-", None, f"skipped: {len(up)} up"))
+            return
+        label = self.rng.choice(sorted(up))
+        pid = up[label]
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            self._record(ChaosRecord(event.at, "kill", label, pid, "skipped: already gone"))
+            return
+        self._record(ChaosRecord(event.at, "kill", label, pid, "sent"))
+
+
+def _scheduler_worker_pids(dask_scheduler: Any) -> dict[str, int]:
+    """Runs in the scheduler: the pid each registered worker reported."""
+    return {addr: int(ws.pid) for addr, ws in dask_scheduler.workers.items() if ws.pid}
+
+
+def dask_worker_pids(client: Any) -> dict[str, int]:
+    """Address -> pid of the worker processes (not the nannies) the scheduler has registered.
+
+    Asks the scheduler only: ``client.run`` would wait on a worker that is
+    dying or restarting, and a kill schedule must not be held up by it.
+    """
+    pids: dict[str, int] = client.run_on_scheduler(_scheduler_worker_pids)
+    return pids

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from vcdl.config import RunConfig
+from vcdl.cost import run_prices
 from vcdl.data import DatasetInfo, make_digits, make_mnist1d, open_dataset, read_rows
 from vcdl.errors import ConfigError, DataError
 from vcdl.ledger import Evaluation, Run
@@ -84,6 +85,7 @@ def prepare_run(
     store = ref.store()
     info = ensure_dataset(store, cfg)
     model = new_model(cfg, info)  # fails here, before any ledger write, on a bad factory
+    run_prices(cfg.cost)  # and here on an instance type without a price
     ledger = ref.ledger()
     existing = ledger.find_run(ref.run)
     if existing is not None:

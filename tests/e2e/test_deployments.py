@@ -94,6 +94,19 @@ def _artifacts(flow_run_id: Any) -> list[Any]:
         )
 
 
+def _artifact_by_key(key: str) -> Any:
+    """The latest artifact with ``key``, whichever flow run (train or epoch subflow) made it."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key]))
+        )
+    assert found, f"no artifact {key!r}"
+    return max(found, key=lambda a: a.created)
+
+
 def _data(a: Any) -> Any:
     return json.loads(a.data) if isinstance(a.data, str) and a.type == "table" else a.data
 
@@ -112,16 +125,27 @@ def test_train_deployment_summary_and_artifacts(trained: dict[str, Any], home: P
     progress = arts[f"vcdl-{RUN}-progress"]
     assert progress.type == "progress" and float(progress.data) == 100.0
     ledger_acc = {h["epoch"]: h["test_accuracy"] for h in status["history"]}
+    from vcdl.config import CostSection
+    from vcdl.cost import run_cost_report
+
+    cost = run_cost_report(vapi._ledger(home, None), RUN, CostSection())
     for epoch in (0, 1):
-        table = arts[f"vcdl-{RUN}-epoch-{epoch}"]
+        # Epoch e's table is published where its head is evaluated: in the
+        # epoch e+1 subflow (overlapping its training), the last in the final one.
+        table = _artifact_by_key(f"vcdl-{RUN}-epoch-{epoch}")
         assert table.type == "table"
         rows = _data(table)
         assert [r["epoch"] for r in rows] == [epoch]
         assert rows[0]["accuracy"] == ledger_acc[epoch]
         assert rows[0]["merges"] == 2 and rows[0]["reissues"] == 0
+        # Cost of the epoch at the run's instance type, as the cost report has it
+        # (the table is written at the epoch's end: later epochs cost nothing yet).
+        assert rows[0]["cost_usd"] == float(f"{cost['history'][epoch]['total_usd']:.3g}") > 0
+        assert rows[0]["waste_usd"] == 0.0
     md = arts[f"vcdl-summary-{RUN}"]
     assert md.type == "markdown"
     assert "## Lineage" in md.data and f"vcdl export {RUN}" in md.data
+    assert "## Cost" in md.data and f"Spot cost **${cost['total_usd']:.3g}**" in md.data
     assert "data:image/png;base64," in md.data
     plot = home / "store" / "runs" / RUN / "plots" / "progress.png"
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 5000

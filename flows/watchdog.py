@@ -1,0 +1,80 @@
+"""Keeps a run's LocalCluster at its configured size while the run lasts.
+
+A Nanny restarts its worker process when it dies. But when the restart takes
+longer than ``distributed.deploy.lost-worker-timeout`` (15 s; a busy 2-core
+machine importing torch for a new worker gets there), the ``SpecCluster``
+closes that Nanny and forgets it, and nothing ever starts it again: a chaos
+test once ended with no workers and a driver waiting forever. The watchdog
+notices a cluster smaller than its spec and asks it to start the missing
+workers (``SpecCluster.scale`` re-runs the cluster's own state correction,
+which starts every spec entry that has no worker).
+
+A cluster given by address (``cluster.address``) is not ours to resize: its
+workers come from the fleet's own manager (Kubernetes, cloud VM groups).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class ClusterWatchdog(threading.Thread):
+    """Every ``interval`` seconds, start replacements for workers the cluster forgot."""
+
+    def __init__(self, cluster: Any, workers: int, interval: float = 5.0) -> None:
+        super().__init__(name="vcdl-cluster-watchdog", daemon=True)
+        self.cluster, self.workers, self.interval = cluster, workers, interval
+        self.replaced = 0
+        self._suspects: set[Any] = set()
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def forgotten(self) -> set[Any]:
+        """Spec entries with no worker object and no worker of that name at the scheduler."""
+        missing = set(self.cluster.worker_spec) - set(self.cluster.workers)
+        if not missing:
+            return set()
+        # A worker whose Nanny is being closed may still be registered: starting
+        # its replacement now would fail with "name taken".
+        registered = {
+            w.get("name") for w in self.cluster.scheduler_info.get("workers", {}).values()
+        }
+        return {name for name in missing if name not in registered}
+
+    def check(self, grace: bool = False) -> int:
+        """One check; the number of workers asked for (0 when the cluster is whole).
+
+        With ``grace``, a worker is replaced only when it was found forgotten by
+        the previous check too (the cluster may be mid-way through its own change).
+        """
+        gone = self.forgotten()
+        due = gone & self._suspects if grace else gone
+        self._suspects = gone
+        if not due:
+            return 0
+        log.warning(
+            "LocalCluster has %d of %d workers (lost worker(s) %s not restarted in time); "
+            "starting replacements",
+            len(self.cluster.workers),
+            self.workers,
+            ", ".join(sorted(map(str, due))),
+        )
+        # scale() to the size it already has: the spec is unchanged and the
+        # cluster starts a worker for every spec entry without one.
+        self.cluster.scale(self.workers)
+        self.replaced += len(due)
+        self._suspects = set()
+        return len(due)
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            try:
+                self.check(grace=True)
+            except Exception as exc:  # closing cluster, loop gone: nothing to keep alive
+                log.debug("cluster watchdog: %s", exc)

@@ -1,0 +1,50 @@
+"""Sanity of benchmarks/time_to_accuracy.py's ``--quick`` path (no timing thresholds).
+
+Runs both parts at the quick sizes: every contender must have trained and
+been evaluated (accuracies in [0, 1], timestamps after time zero), the kill
+schedule must have hit both contenders of part (b), and torchrun must have
+resumed DDP from a checkpoint at least once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from benchmarks.time_to_accuracy import QUICK, run_benchmark, summary_line
+
+pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(1200)]
+
+
+def _check_curve(curve: list[tuple[float, float]]) -> None:
+    assert curve, "no durable state was evaluated"
+    assert all(0.0 <= acc <= 1.0 for _, acc in curve)
+    assert all(t >= 0.0 for t, _ in curve)
+    assert [t for t, _ in curve] == sorted(t for t, _ in curve)
+
+
+def test_quick_benchmark_is_sane(prefect_api: None, tmp_path: Path) -> None:
+    s = replace(QUICK, cache_dir=str(tmp_path / "cache"))
+    res = run_benchmark(s, tmp_path / "work")
+    print(json.dumps(summary_line(res)))
+
+    a = res["a"]
+    for name in ("vcdl", "one_process", "ddp"):
+        assert len(a[name]["runs"]) == s.repeats_a
+        for run in a[name]["runs"]:
+            _check_curve(run["curve"])
+    assert a["vcdl"]["runs"][0]["t0"] == "driver's first submission"
+
+    b = res["b"]
+    vc, ddp = b["vcdl"]["runs"][0], b["ddp"]["runs"][0]
+    _check_curve(vc["curve"])
+    _check_curve(ddp["curve"])
+    assert vc["kills"] >= 1, vc
+    assert ddp["kills"] >= 1, ddp
+    assert ddp["resumed_from_checkpoint"] >= 1, ddp
+    assert 0.0 < vc["utilization"] <= 1.0
+    assert {v["result"] for v in res["verdicts"]} <= {"PASS", "MISS", None}
+    assert len(res["verdicts"]) == 4

@@ -1,0 +1,69 @@
+"""The LocalCluster watchdog on a real cluster: a worker the cluster forgot comes back.
+
+Reproduces the failure it exists for: a killed worker whose restart takes
+longer than ``lost-worker-timeout`` is closed and forgotten by the
+SpecCluster (here the timeout is made tiny so any restart is "too slow").
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import dask
+import pytest
+from distributed import Client, LocalCluster
+
+from flows.watchdog import ClusterWatchdog
+
+
+def _wait(cond: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():  # type: ignore[operator]
+            return
+        time.sleep(0.2)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+def test_watchdog_restarts_a_worker_the_cluster_forgot() -> None:
+    with (
+        dask.config.set({"distributed.deploy.lost-worker-timeout": "0.1s"}),
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        client.wait_for_workers(2, timeout=60)
+        pids = client.run(os.getpid)
+        victim = sorted(pids)[0]
+        victim_name = client.scheduler_info()["workers"][victim]["name"]
+        os.kill(pids[victim], signal.SIGKILL)
+        # The nanny restarts the process, but the cluster has already given up on it.
+        _wait(lambda: len(cluster.workers) == 1, 30, "the cluster to forget the worker")
+
+        dog = ClusterWatchdog(cluster, workers=2, interval=0.5)
+        _wait(lambda: dog.forgotten() == {victim_name}, 30, "the old worker to unregister")
+        assert dog.check() == 1
+        _wait(
+            lambda: len(cluster.workers) == 2 and len(client.scheduler_info()["workers"]) == 2,
+            60,
+            "a replacement worker",
+        )
+        assert dog.check() == 0 and dog.forgotten() == set()  # whole again
+        assert client.submit(lambda x: x + 1, 1).result(timeout=30) == 2
+        assert pids[victim] not in client.run(os.getpid).values()
+
+        # As a thread: it does the same on its own.
+        dog.start()
+        name = sorted(cluster.workers)[0]
+        cluster.sync(cluster.workers.pop(name).close)
+        _wait(
+            lambda: len(cluster.workers) == 2 and len(client.scheduler_info()["workers"]) == 2,
+            60,
+            "the watchdog thread",
+        )
+        dog.stop()
+        dog.join(timeout=5)
+        assert dog.replaced >= 2
