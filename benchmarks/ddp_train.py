@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -77,13 +78,34 @@ def main() -> None:
     p.add_argument("--batch", type=int, help="global batch (default: the config's)")
     p.add_argument("--checkpoint", action="store_true", help="checkpoint every epoch, resume")
     p.add_argument("--snapshots", type=int, default=8, help="in-memory snapshots per epoch")
+    p.add_argument("--pg-timeout", type=float, default=30.0, help="process-group timeout, seconds")
+    p.add_argument(
+        "--pg-store",
+        help="FileStore path prefix, unique to this torchrun (default: DIR/pg-store)",
+    )
     args = p.parse_args()
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    cfg = RunConfig.model_validate_json(Path(args.config).read_text())
     out = Path(args.out)
+    # One fresh FileStore per incarnation, not torchrun's agent store: with
+    # the agent store, a rank SIGKILLed while the group formed left the next
+    # incarnation's ranks both stuck in ProcessGroupGloo's connectFullMesh
+    # (agent idle, no restart) for minutes — 4 runs in 15 here. The file
+    # name carries torchrun's restart count, so no key of a dead incarnation
+    # is ever read. The timeout bounds any other hang (gloo's default is 30
+    # minutes); healthy collectives here take milliseconds.
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    prefix = args.pg_store or str(out / "pg-store")
+    pg_store = dist.FileStore(f"{prefix}-{restart}", world)
+    dist.init_process_group(
+        "gloo",
+        store=pg_store,
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=args.pg_timeout),
+    )
+    cfg = RunConfig.model_validate_json(Path(args.config).read_text())
     events = out / "events.jsonl"
     with np.load(args.data, allow_pickle=False) as npz:
         x = torch.from_numpy(npz["x_train"])
@@ -106,7 +128,6 @@ def main() -> None:
     ddp = DistributedDataParallel(model)
     per_rank = max(1, (args.batch or cfg.train.batch_size) // world)
     sampler = DistributedSampler(range(len(x)), num_replicas=world, rank=rank, seed=cfg.run.seed)
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     mark_t0 = rank == 0 and not _has_t0(events)
     if rank == 0:
         _event(events, event="start", restart=restart, resumed_epoch=resumed, world=world)

@@ -63,6 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -287,6 +288,22 @@ def _ranks(agent_pid: int) -> dict[str, int]:
     return {f"rank{i}": pid for i, pid in enumerate(sorted(out.values()))}
 
 
+def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a torchrun agent and its ranks (a no-op after a clean exit).
+
+    The ranks run in sessions of their own, and killing the agent alone
+    orphans them, still training: find them first, then kill everything.
+    """
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        procs = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+    proc.wait()
+
+
 def run_ddp(
     cfg: RunConfig,
     npz: Path,
@@ -311,6 +328,9 @@ def run_ddp(
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
         str(DDP_SCRIPT), "--config", str(config), "--data", str(npz), "--out", str(out),
         "--snapshots", str(snapshots_per_epoch),
+        # A new prefix per launch: a FileStore left by an earlier run in this
+        # directory must never be read (ddp_train.py).
+        "--pg-store", str(out / f"pg-store-{uuid.uuid4().hex[:12]}"),
     ]  # fmt: skip
     if checkpoint:
         cmd.append("--checkpoint")
@@ -339,12 +359,12 @@ def run_ddp(
                     if t0 is not None:
                         killer.start_clock(t0)
                 if time.time() - started > timeout:
-                    agent.kill()
                     raise TimeoutError(f"torchrun ran past {timeout:.0f}s; see {log}")
                 time.sleep(0.05)
         finally:
             if killer is not None:
                 killer.stop()
+            _kill_tree(agent)
     total = time.time() - started
     if agent.returncode != 0:
         raise RuntimeError(f"torchrun exited {agent.returncode}:\n{log.read_text()[-3000:]}")
