@@ -20,6 +20,7 @@ import asyncio
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -119,6 +120,30 @@ class WarmupPlugin(WorkerPlugin):
     async def setup(self, worker: Any) -> None:
         # Off the event loop: seconds of imports would stall the worker's heartbeats.
         await asyncio.get_running_loop().run_in_executor(None, warm_up)
+
+
+def worker_left_at(worker: str, after: datetime) -> datetime | None:
+    """When the Dask scheduler removed ``worker`` (the first time after ``after``), if it did.
+
+    The driver learns that an attempt's worker died only when Dask hands the
+    task to someone else or gives up, often one whole attempt later; the
+    scheduler logged the removal when the nanny saw the process die (or the
+    heartbeats stopped). That moment is when the attempt really ended, and
+    what the cost report bills it to. None when there is no Dask client in
+    this process, or the worker was not removed.
+    """
+    try:
+        from distributed import default_client
+
+        events = default_client().get_events(worker)
+    except Exception:  # no client (tests, a driver outside Dask), scheduler gone
+        return None
+    for stamp, msg in events:
+        if isinstance(msg, dict) and msg.get("action") == "remove-worker":
+            at = datetime.fromtimestamp(float(stamp), UTC)
+            if at >= after:
+                return at
+    return None
 
 
 def register_worker_plugins(address: str) -> None:

@@ -30,7 +30,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture, as_completed
 
-from flows.cluster import training_slots
+from flows.cluster import training_slots, worker_left_at
 from flows.reporting import ProgressUpdater, publish_epoch_table
 from vcdl.assimilator import MERGEABLE_ATTEMPT_STATES, HeadCache, merge_attempt
 from vcdl.attempt import TERMINAL_SUBTASK_STATES, run_attempt, training_slot
@@ -148,7 +148,10 @@ class EpochDriver:
         n = 0
         for a in self.ledger.attempts(self.ref.run, key[0]):
             if a.shard == key[1] and a.state == "running":
-                self.ledger.finish_attempt(a.id, state=state, reason=reason)
+                # A killed attempt ended when its worker died, not when the
+                # driver found out (often after the re-run): bill it that long.
+                ended = worker_left_at(a.worker, a.started_at) if state == "killed" else None
+                self.ledger.finish_attempt(a.id, state=state, reason=reason, ended_at=ended)
                 n += 1
         return n
 

@@ -504,11 +504,15 @@ class Ledger:
         train_seconds: float | None = None,
         reason: str | None = None,
         timings: Mapping[str, float] | None = None,
+        ended_at: datetime | None = None,
     ) -> Attempt:
         """Record how an attempt ended; sets finished_at. Fields left None are kept.
 
         ``timings`` (seconds per phase) replaces the attempt's breakdown;
-        :meth:`add_timings` adds phases to it later.
+        :meth:`add_timings` adds phases to it later. ``ended_at`` is when the
+        attempt really ended if that is known to be earlier than now (e.g.
+        the moment its worker died, found out later); it is clamped to
+        [started_at, now], so clock skew never gives negative or future time.
 
         A merged attempt is final, and "merged" itself is set only by
         :meth:`commit_merge`.
@@ -526,6 +530,9 @@ class Ledger:
             "timings": _timings_json(timings) if timings is not None else None,
         }
         now = utcnow()
+        if ended_at is not None and ended_at < now:
+            started = self.get_attempt(attempt_id).started_at
+            now = max(ended_at, started)
 
         def merged() -> LedgerError:
             return LedgerError(f"attempt {attempt_id} is merged; its state is final")

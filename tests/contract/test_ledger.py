@@ -263,6 +263,26 @@ def test_finish_attempt(ledger: Ledger) -> None:
         ledger.get_attempt("0" * 32)
 
 
+def test_finish_attempt_when_it_really_ended(ledger: Ledger) -> None:
+    """``ended_at`` (e.g. when the worker died) is kept, clamped to [started_at, now]."""
+    new_run(ledger, "a", shards=3)
+    a0, a1, a2 = (ledger.start_attempt("a", 0, shard, "w1") for shard in range(3))
+    time.sleep(0.05)
+    died = a0.started_at + timedelta(milliseconds=20)
+    killed = ledger.finish_attempt(a0.id, state="killed", reason="worker died", ended_at=died)
+    assert killed.finished_at == died
+    assert ledger.get_attempt(a0.id).finished_at == died  # as stored, not only as returned
+    # A clock behind the ledger's never gives negative seconds...
+    early = ledger.finish_attempt(
+        a1.id, state="killed", ended_at=a1.started_at - timedelta(seconds=30)
+    )
+    assert early.finished_at == a1.started_at
+    # ...and a time in the future is no more than now.
+    before = datetime.now(UTC)
+    late = ledger.finish_attempt(a2.id, state="killed", ended_at=before + timedelta(hours=1))
+    assert late.finished_at is not None and before <= late.finished_at <= datetime.now(UTC)
+
+
 def test_set_subtask_state(ledger: Ledger) -> None:
     new_run(ledger, "a", shards=2)
     sub0, sub1 = ledger.subtasks("a", 0)

@@ -67,3 +67,41 @@ def test_watchdog_restarts_a_worker_the_cluster_forgot() -> None:
         dog.stop()
         dog.join(timeout=5)
         assert dog.replaced >= 2
+
+
+def test_watchdog_restarts_a_worker_whose_nanny_failed_to_restart_it() -> None:
+    """The Nanny stays in the cluster with no process: nothing looks missing to it."""
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        client.wait_for_workers(2, timeout=60)
+        pids = client.run(os.getpid)
+        victim = sorted(pids)[0]
+        victim_name = client.scheduler_info()["workers"][victim]["name"]
+        nanny = cluster.workers[victim_name]
+
+        async def fails(*args: object, **kwargs: object) -> None:
+            # What a restart does when the new process is killed while it starts.
+            raise RuntimeError("simulated: the new worker process failed to start")
+
+        nanny.instantiate = fails
+        dog = ClusterWatchdog(cluster, workers=2, interval=0.5, stuck_after=2.0)
+        os.kill(pids[victim], signal.SIGKILL)
+        _wait(lambda: len(client.scheduler_info()["workers"]) == 1, 30, "the worker to leave")
+        assert victim_name in cluster.workers  # the broken Nanny keeps its place...
+        assert dog.forgotten() == set() and dog.check() == 0  # ...so the cluster looks whole
+        assert dog.stuck() == set() and dog.restart_stuck() == 0  # not yet stuck_after
+        time.sleep(2.5)
+        assert dog.stuck() == {victim_name}
+        assert dog.restart_stuck() == 1
+        _wait(
+            lambda: len(client.scheduler_info()["workers"]) == 2,
+            60,
+            "the worker started afresh",
+        )
+        assert cluster.workers[victim_name] is not nanny
+        assert client.submit(lambda x: x + 1, 1).result(timeout=30) == 2
+        assert dog.stuck() == set() and dog.restarted == 1
