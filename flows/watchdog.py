@@ -37,7 +37,7 @@ class ClusterWatchdog(threading.Thread):
     """Every ``interval`` seconds, start replacements for workers the cluster forgot."""
 
     def __init__(
-        self, cluster: Any, workers: int, interval: float = 5.0, stuck_after: float = 45.0
+        self, cluster: Any, workers: int, interval: float = 5.0, stuck_after: float = 30.0
     ) -> None:
         super().__init__(name="vcdl-cluster-watchdog", daemon=True)
         self.cluster, self.workers, self.interval = cluster, workers, interval
