@@ -20,8 +20,9 @@ Method (the same for every contender):
   step sees as many samples as in the other contenders).
 * Time zero = the first hand-out of training work after every process is up:
   vcdl, the driver's first shard submission (marked in the driver by
-  wrapping ``flows.epoch.EpochDriver.submit``; the Dask workers are started
-  and have imported torch/vcdl/prefect before it, as DDP's ranks have); one
+  wrapping ``flows.epoch.EpochDriver.submit``; vcdl runs on the LocalCluster
+  it starts for every run, as a user gets it, whose workers have imported
+  torch/vcdl/prefect before it, as DDP's ranks have); one
   process and DDP, rank 0's first training step (after import, process-group
   set-up and data loading). Start-up before time zero is not counted for
   anyone; each contender's total wall time including start-up is printed too.
@@ -423,42 +424,49 @@ def _first_submit_mark(on_first: Callable[[float], None]) -> Iterator[list[float
 
 
 @contextlib.contextmanager
-def _cluster(cfg: RunConfig) -> Iterator[str]:
-    """A LocalCluster like flows/cluster.py's, owned here so its workers can be targeted."""
-    import logging
+def _vcdl_scheduler() -> Iterator[Callable[[], Any]]:
+    """A Dask client of the LocalCluster vcdl starts for the run, once it is up.
 
-    from distributed import Client, LocalCluster
-    from prefect.server.api.server import SubprocessASGIServer
+    vcdl's own cluster (flows/cluster.py: a spare thread per worker, warm-up
+    plugin, watchdog) is what users get, so the benchmark runs on it instead
+    of one of its own; its scheduler address is caught as flows/cluster.py
+    registers the worker plugins (after the workers are warm), without
+    changing flows/. The client is made on first use (the kill schedule's
+    first event), closed on exit.
+    """
+    from distributed import Client
 
-    from flows.cluster import prefect_api_url, worker_env
+    import flows.cluster as fc
 
-    if prefect_api_url() is None:  # start Prefect's ephemeral API now, for the workers too
-        SubprocessASGIServer().start(timeout=120)
-    with (
-        LocalCluster(
-            n_workers=cfg.cluster.workers,
-            threads_per_worker=1,
-            processes=True,
-            memory_limit=cfg.cluster.memory_limit,
-            dashboard_address=":0",
-            env=worker_env(cfg),
-            silence_logs=logging.ERROR,
-        ) as cluster,
-        Client(cluster.scheduler_address) as client,
-    ):
-        client.wait_for_workers(cfg.cluster.workers, timeout=120)
-        # Warm the workers as DDP's ranks are warm at their time zero. exec is a
-        # builtin: it pickles by reference, nothing of this module is shipped.
-        client.run(exec, "import torch, prefect, vcdl.attempt, vcdl.train")
-        yield cluster.scheduler_address
+    original = fc.register_worker_plugins
+    found: list[str] = []
+    clients: list[Client] = []
+
+    def register(address: str) -> None:
+        original(address)
+        found.append(address)
+
+    def client() -> Client:
+        if not found:
+            raise RuntimeError("no vcdl cluster yet")
+        if not clients or clients[-1].scheduler.address != found[-1]:
+            clients.append(Client(found[-1], timeout=30))
+        return clients[-1]
+
+    fc.register_worker_plugins = register  # type: ignore[assignment]
+    try:
+        yield client
+    finally:
+        fc.register_worker_plugins = original  # type: ignore[assignment]
+        for c in clients:
+            with contextlib.suppress(Exception):
+                c.close()
 
 
 def run_vcdl(
     cfg: RunConfig, npz: Path, home: Path, *, events: list[ChaosEvent], seed: int
 ) -> dict[str, Any]:
     """A vcdl run on its own LocalCluster; with ``events``, its worker processes are SIGKILLed."""
-    from distributed import Client
-
     from vcdl import api
     from vcdl.cost import cost_report
     from vcdl.data import import_npz
@@ -470,12 +478,11 @@ def run_vcdl(
     import_npz(open_store(cfg.store.url), npz, cfg.data.name, num_classes=10)
     started = time.time()
     killer: ScheduledKiller | None = None
-    with _cluster(cfg) as address, Client(address) as client:
-        cfg = cfg.updated(cluster={"address": address})
+    with _vcdl_scheduler() as client:
         if events:
             killer = ScheduledKiller(
                 events,
-                lambda: dask_worker_pids(client),
+                lambda: dask_worker_pids(client()),
                 seed=seed,
                 min_victims=cfg.cluster.workers,
                 log_path=home / "kills.jsonl",
