@@ -151,6 +151,14 @@ def output_problem(out: StateDict, head: StateDict, *inputs: StateDict) -> str |
     return None
 
 
+def _require_output(out: StateDict | None, head: StateDict, result: StateDict) -> None:
+    """Raise MergeError if ``out`` is given and cannot hold the merge (:func:`output_problem`)."""
+    if out is not None:
+        problem = output_problem(out, head, result)
+        if problem is not None:
+            raise MergeError(problem)
+
+
 # --------------------------------------------------------------------------
 # Merge rules
 # --------------------------------------------------------------------------
@@ -202,10 +210,7 @@ def vc_asgd(
     """
     a = _unit("alpha", alpha)
     require_compatible(head, result, "result")
-    if out is not None:
-        reason = output_problem(out, head, result)
-        if reason is not None:
-            raise MergeError(reason)
+    _require_output(out, head, result)
     beta = 1.0 - a
     new: StateDict = {}
     with torch.no_grad():
@@ -256,10 +261,7 @@ def validated_vc_asgd(
         reason = mismatch(head, result, "result")
     if reason is not None:
         return reason
-    if out is not None:
-        problem = output_problem(out, head, result)
-        if problem is not None:
-            raise MergeError(problem)
+    _require_output(out, head, result)
     beta = 1.0 - a
     new: StateDict = {}
     with torch.no_grad():
