@@ -12,30 +12,24 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from distributed import Client, LocalCluster
 
 from flows.cluster import worker_left_at
+from tests.daskfixture import local_cluster, wait_until
 
 pytestmark = [pytest.mark.chaos]
 
 
 def test_worker_left_at_is_when_the_scheduler_saw_the_worker_die() -> None:
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        client.wait_for_workers(2, timeout=60)
+    with local_cluster() as (_, client):
         pids = client.run(os.getpid)
         victim, survivor = sorted(pids)
         before = datetime.now(UTC)
         assert worker_left_at(victim, before - timedelta(hours=1)) is None  # alive
         killed = datetime.now(UTC)
         os.kill(pids[victim], signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while victim in client.scheduler_info()["workers"] and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(
+            lambda: victim not in client.scheduler_info()["workers"], 30, "the worker to leave"
+        )
         time.sleep(2.0)  # the driver finds out later; the answer must not move with it
         asked = datetime.now(UTC)
         left = worker_left_at(victim, before)

@@ -11,42 +11,26 @@ import os
 import signal
 import time
 
-import dask
-import pytest
-from distributed import Client, LocalCluster
-
 from flows.watchdog import ClusterWatchdog
-
-
-def _wait(cond: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():  # type: ignore[operator]
-            return
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+from tests.daskfixture import local_cluster, wait_until
 
 
 def test_watchdog_restarts_a_worker_the_cluster_forgot() -> None:
-    with (
-        dask.config.set({"distributed.deploy.lost-worker-timeout": "0.1s"}),
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
-        ) as cluster,
-        Client(cluster) as client,
+    with local_cluster(config={"distributed.deploy.lost-worker-timeout": "0.1s"}) as (
+        cluster,
+        client,
     ):
-        client.wait_for_workers(2, timeout=60)
         pids = client.run(os.getpid)
         victim = sorted(pids)[0]
         victim_name = client.scheduler_info()["workers"][victim]["name"]
         os.kill(pids[victim], signal.SIGKILL)
         # The nanny restarts the process, but the cluster has already given up on it.
-        _wait(lambda: len(cluster.workers) == 1, 30, "the cluster to forget the worker")
+        wait_until(lambda: len(cluster.workers) == 1, 30, "the cluster to forget the worker")
 
         dog = ClusterWatchdog(cluster, workers=2, interval=0.5)
-        _wait(lambda: dog.forgotten() == {victim_name}, 30, "the old worker to unregister")
+        wait_until(lambda: dog.forgotten() == {victim_name}, 30, "the old worker to unregister")
         assert dog.check() == 1
-        _wait(
+        wait_until(
             lambda: len(cluster.workers) == 2 and len(client.scheduler_info()["workers"]) == 2,
             60,
             "a replacement worker",
@@ -59,7 +43,7 @@ def test_watchdog_restarts_a_worker_the_cluster_forgot() -> None:
         dog.start()
         name = sorted(cluster.workers)[0]
         cluster.sync(cluster.workers.pop(name).close)
-        _wait(
+        wait_until(
             lambda: len(cluster.workers) == 2 and len(client.scheduler_info()["workers"]) == 2,
             60,
             "the watchdog thread",
@@ -71,13 +55,7 @@ def test_watchdog_restarts_a_worker_the_cluster_forgot() -> None:
 
 def test_watchdog_restarts_a_worker_whose_nanny_failed_to_restart_it() -> None:
     """The Nanny stays in the cluster with no process: nothing looks missing to it."""
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        client.wait_for_workers(2, timeout=60)
+    with local_cluster() as (cluster, client):
         pids = client.run(os.getpid)
         victim = sorted(pids)[0]
         victim_name = client.scheduler_info()["workers"][victim]["name"]
@@ -90,14 +68,14 @@ def test_watchdog_restarts_a_worker_whose_nanny_failed_to_restart_it() -> None:
         nanny.instantiate = fails
         dog = ClusterWatchdog(cluster, workers=2, interval=0.5, stuck_after=2.0)
         os.kill(pids[victim], signal.SIGKILL)
-        _wait(lambda: len(client.scheduler_info()["workers"]) == 1, 30, "the worker to leave")
+        wait_until(lambda: len(client.scheduler_info()["workers"]) == 1, 30, "the worker to leave")
         assert victim_name in cluster.workers  # the broken Nanny keeps its place...
         assert dog.forgotten() == set() and dog.check() == 0  # ...so the cluster looks whole
         assert dog.stuck() == set() and dog.restart_stuck() == 0  # not yet stuck_after
         time.sleep(2.5)
         assert dog.stuck() == {victim_name}
         assert dog.restart_stuck() == 1
-        _wait(
+        wait_until(
             lambda: len(client.scheduler_info()["workers"]) == 2,
             60,
             "the worker started afresh",

@@ -4,24 +4,33 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
 from vcdl.chaos import ChaosEvent, ScheduledKiller
 
 
-@pytest.fixture
-def sleepers() -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+@contextmanager
+def _sleepers(n: int) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    """``n`` real processes that sleep, killed and reaped on exit."""
     procs = {
         f"p{i}": subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-        for i in range(2)
+        for i in range(n)
     }
-    yield procs
-    for p in procs.values():
-        p.kill()
-        p.wait()
+    try:
+        yield procs
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+
+
+@pytest.fixture
+def sleepers() -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    with _sleepers(2) as procs:
+        yield procs
 
 
 def _run(killer: ScheduledKiller) -> None:
@@ -61,20 +70,11 @@ def test_it_skips_when_fewer_than_min_victims_are_up(
 def test_the_same_seed_picks_the_same_victims() -> None:
     picks = []
     for _ in range(2):
-        procs = [
-            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-            for _ in range(3)
-        ]
-        try:
-            labels = {f"w{i}": p.pid for i, p in enumerate(procs)}
+        with _sleepers(3) as procs:
+            labels = {label: p.pid for label, p in procs.items()}
             killer = ScheduledKiller(
                 [ChaosEvent(at=0.0, kind="kill")], lambda labels=labels: labels, seed=11
             )
             _run(killer)
             picks.append(killer.records[0].worker)
-        finally:
-            for p in procs:
-                p.kill()
-                p.wait()
-        time.sleep(0.01)
     assert picks[0] == picks[1]
