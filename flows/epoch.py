@@ -11,16 +11,22 @@ attempts a dead driver left "running" are recorded as killed, results it left
 unmerged are merged now (never trained again), and only the rest is submitted.
 
 The barrier costs the workers as little as possible: epoch e's head is
-evaluated by the driver at the start of epoch e+1, while e+1's first attempts
-train (the final epoch's before the flow returns), and every Dask worker has
-imported the hot path before the first submission (flows/cluster.py).
+evaluated by the driver at the start of epoch e+1, in a thread, while e+1's
+first attempts train and merge (the final epoch's before the flow returns),
+every Dask worker has
+imported the hot path before the first submission, and the epoch subflows
+share one Dask client instead of closing and opening one at each barrier
+(flows/cluster.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
+import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -111,6 +117,31 @@ def _set_task_run_state(future: PrefectFuture[Any], kind: str, message: str) -> 
         pass
 
 
+class InThread:
+    """``fn(*args)`` in a thread with the caller's context (Prefect's flow run context).
+
+    ``join`` waits for it and raises what it raised.
+    """
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._error: BaseException | None = None
+        context = contextvars.copy_context()
+
+        def target() -> None:
+            try:
+                context.run(fn, *args)
+            except BaseException as exc:  # handed to join()
+                self._error = exc
+
+        self._thread = threading.Thread(target=target, name=f"vcdl-{fn.__name__}", daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
 class EpochDriver:
     """Drives one epoch to its barrier; every decision is recorded in the ledger."""
 
@@ -194,12 +225,14 @@ class EpochDriver:
             self.submitted[key],
             extra={"vcdl_run": self.ref.run, "vcdl_epoch": epoch, "vcdl_shard": shard},
         )
-        # Dask resources (e.g. GPU=1) ride on the task as an annotation.
+        # Dask resources (e.g. GPU=1) ride on the task as an annotation. No
+        # Prefect tags: a tagged task run asks the API for tag concurrency slots
+        # before it starts, one more round trip per attempt that stalled the
+        # first attempt of an epoch by seconds (benchmarks/time_to_accuracy.py).
         resources = dict(self.cfg.cluster.task_resources)
         with dask.annotate(resources=resources) if resources else contextlib.nullcontext():
             fut = train_shard.with_options(
                 task_run_name=f"epoch {epoch} · shard {shard} · attempt {self.submitted[key]}",
-                tags=[f"run:{self.ref.run}", f"epoch:{epoch}"],
             ).submit(self.ref, self.cfg, epoch, shard, self.base if epoch == self.epoch else None)
         self.pending[fut] = key
 
@@ -397,17 +430,18 @@ class EpochDriver:
     def _unevaluated_previous(self) -> tuple[int, int] | None:
         """(epoch, version) of the previous epoch's barrier head if it has no evaluation yet.
 
-        The driver evaluates epoch e's head at the start of epoch e+1, before it
-        merges anything of e+1 (merges happen only in ``recover`` and ``drain``).
-        So while that evaluation is missing, the head *is* the barrier head, also
-        after a driver died in between.
+        The barrier head is the newest version of an epoch up to e: epoch e+1's
+        merges may already be in (its evaluation runs beside them, and a driver
+        may have died before recording it). Exact unless shards deferred by the
+        quorum policy were merged in e+1 before a driver died.
         """
         prev = self.epoch - 1
         if prev < 0 or any(
             e.epoch == prev and e.split == "test" for e in self.ledger.evaluations(self.ref.run)
         ):
             return None
-        return prev, self.ledger.get_run(self.ref.run).head_version
+        versions = self.ledger.versions(self.ref.run)
+        return prev, max(v.number for v in versions if v.epoch is None or v.epoch <= prev)
 
     def _evaluate(self, epoch: int, version: int) -> dict[str, Any]:
         # In the driver: workers are busy training (previous epoch) or done (final).
@@ -417,7 +451,7 @@ class EpochDriver:
             if self.cfg.train.device == "cuda"
             else self.cfg
         )
-        ev = evaluate_head.with_options(tags=[f"run:{self.ref.run}"])(self.ref, cfg, version, epoch)
+        ev = evaluate_head(self.ref, cfg, version, epoch)
         publish_epoch_table(self.ref, epoch)
         self.log.info("epoch %d: head v%d, test accuracy %.4f", epoch, version, ev["accuracy"])
         return ev
@@ -434,11 +468,13 @@ class EpochDriver:
         for key in self._todo():
             self.submit(key)
         started = time.perf_counter()
-        # The epoch barrier's evaluation overlaps this epoch's first attempts:
-        # the workers do not wait for it.
-        if previous is not None:
-            self._evaluate(*previous)
+        # The epoch barrier's evaluation overlaps this epoch's first attempts,
+        # in a thread: neither the workers nor the merges of their results
+        # wait for it (a result merged late is a staler base for the next one).
+        evaluation = InThread(self._evaluate, *previous) if previous is not None else None
         self.drain()
+        if evaluation is not None:
+            evaluation.join()
         subs = self.ledger.subtasks(self.ref.run, self.epoch)
         if not any(s.state == "merged" for s in subs):
             reasons = sorted({s.reason or "" for s in subs if s.state == "failed"})
