@@ -20,10 +20,9 @@ from typing import Any
 
 import torch
 from prefect import flow, get_run_logger
-from prefect_dask import DaskTaskRunner
 from pydantic import BaseModel, Field
 
-from flows.cluster import dask_cluster
+from flows.cluster import dask_cluster, shared_task_runner
 from flows.epoch import epoch_flow
 from flows.reporting import (
     ProgressUpdater,
@@ -189,8 +188,11 @@ def _train(config: RunConfig, home: str | None, chaos: ChaosSpec | None) -> dict
             )
         ledger.update_run(ref.run, state="running")
         try:
-            with dask_cluster(cfg) as address, preemptions(address, chaos) as chaos_thread:
-                runner = DaskTaskRunner(address=address)
+            with (
+                dask_cluster(cfg) as address,
+                preemptions(address, chaos) as chaos_thread,
+                shared_task_runner(address) as runner,
+            ):
                 for epoch in range(run.epochs_completed, cfg.run.epochs):
                     epoch_flow.with_options(
                         task_runner=runner,  # type: ignore[arg-type]  # DaskTaskRunner is one
