@@ -74,6 +74,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "train": ("train",),
     "weight write": ("write",),
     "ledger": ("claim", "assimilator_ledger"),
+    "awaiting own merge": ("await_merge",),
     "merge": (
         "assimilator_read_result",
         "assimilator_read_head",

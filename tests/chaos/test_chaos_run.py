@@ -60,13 +60,30 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
 
 
 def test_chaos_run_matches_fault_free(prefect_api: None, tmp_path: Path) -> None:
-    reference = api.train(load_config(EXAMPLE, ["run.name=fault-free"]), home=tmp_path / "ff")
+    # Two local epochs per attempt: the run lasts long enough (~2 min) for the
+    # Poisson schedule to land ten kills; at one, it trained so fast that
+    # fewer did (a kill is skipped while the last one's worker restarts).
+    longer = ["train.local_epochs=2"]
+    reference = api.train(
+        load_config(EXAMPLE, ["run.name=fault-free", *longer]), home=tmp_path / "ff"
+    )
     assert reference["state"] == "completed"
 
     home = tmp_path / "chaos"
     log = home / "chaos.jsonl"
     chaos = ["--preempt", "0.25", "--preempt-notices", "0.3", "--preempt-grace", "2"]
-    driver = _vcdl(home, "train", str(EXAMPLE), "--run", "chaos", *chaos, "--preempt-log", str(log))
+    driver = _vcdl(
+        home,
+        "train",
+        str(EXAMPLE),
+        "--run",
+        "chaos",
+        "--set",
+        longer[0],
+        *chaos,
+        "--preempt-log",
+        str(log),
+    )
     ledger_url = f"sqlite:///{home / 'ledger.db'}"
     deadline = time.monotonic() + 900
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import torch
 
 from vcdl import preemption
 from vcdl.assimilator import merge_attempt
-from vcdl.attempt import run_attempt
+from vcdl.attempt import OWN_MERGE_WAIT, run_attempt
 from vcdl.config import RunConfig, parse_config
 from vcdl.errors import IntegrityError, LeaseHeld
 from vcdl.report import audit_run
@@ -143,6 +144,29 @@ def test_corrupted_chunk_names_version_and_array(tmp_path: Path) -> None:
     assert head.uri in str(info.value)
     problems = audit_run(ref)
     assert problems and head.uri.split("/")[-1] in " ".join(problems)
+
+
+def test_next_attempt_claims_the_head_with_its_process_s_last_result(tmp_path: Path) -> None:
+    ref, cfg = make_run(tmp_path)
+    a = run_attempt(ref, 0, 0, config=cfg)
+    # "The driver" merges a's result a moment after the worker recorded it.
+    driver = threading.Timer(0.3, merge_attempt, args=(ref, str(a.attempt_id), cfg))
+    driver.start()
+    b = run_attempt(ref, 0, 1, config=cfg)
+    driver.join()
+    assert a.base_version == 0 and b.base_version == 1, (a.base_version, b.base_version)
+    assert 0.2 < b.timings["await_merge"] < OWN_MERGE_WAIT, b.timings
+
+
+def test_waiting_for_the_last_merge_is_bounded(tmp_path: Path) -> None:
+    ref, cfg = make_run(tmp_path)
+    run_attempt(ref, 0, 0, config=cfg)  # never merged: a driver that is busy or gone
+    b = run_attempt(ref, 0, 1, config=cfg)
+    assert b.base_version == 0
+    assert OWN_MERGE_WAIT <= b.timings["await_merge"] < OWN_MERGE_WAIT + 0.5, b.timings
+    # Pinned bases (the averaging rule) never wait.
+    c = run_attempt(ref, 0, 2, base_version=0, config=cfg)
+    assert "await_merge" not in c.timings
 
 
 def test_staleness_reject_policy(tmp_path: Path) -> None:
