@@ -13,10 +13,9 @@ unmerged are merged now (never trained again), and only the rest is submitted.
 The barrier costs the workers as little as possible: epoch e's head is
 evaluated by the driver at the start of epoch e+1, in a thread, while e+1's
 first attempts train and merge (the final epoch's before the flow returns),
-every Dask worker has
-imported the hot path before the first submission, and the epoch subflows
-share one Dask client instead of closing and opening one at each barrier
-(flows/cluster.py).
+every Dask worker has imported the hot path before the first submission, and
+the epoch subflows share one Dask client instead of closing and opening one
+at each barrier (flows/cluster.py).
 """
 
 from __future__ import annotations
@@ -24,10 +23,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-import threading
 import time
-from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import dask
@@ -115,31 +114,6 @@ def _set_task_run_state(future: PrefectFuture[Any], kind: str, message: str) -> 
             client.set_task_run_state(future.task_run_id, state, force=True)
     except Exception:  # the run may not exist (killed in its first second)
         pass
-
-
-class InThread:
-    """``fn(*args)`` in a thread with the caller's context (Prefect's flow run context).
-
-    ``join`` waits for it and raises what it raised.
-    """
-
-    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
-        self._error: BaseException | None = None
-        context = contextvars.copy_context()
-
-        def target() -> None:
-            try:
-                context.run(fn, *args)
-            except BaseException as exc:  # handed to join()
-                self._error = exc
-
-        self._thread = threading.Thread(target=target, name=f"vcdl-{fn.__name__}", daemon=True)
-        self._thread.start()
-
-    def join(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
 
 
 class EpochDriver:
@@ -471,10 +445,16 @@ class EpochDriver:
         # The epoch barrier's evaluation overlaps this epoch's first attempts,
         # in a thread: neither the workers nor the merges of their results
         # wait for it (a result merged late is a staler base for the next one).
-        evaluation = InThread(self._evaluate, *previous) if previous is not None else None
-        self.drain()
-        if evaluation is not None:
-            evaluation.join()
+        # The thread runs in a copy of this context: Prefect's flow run context.
+        with ThreadPoolExecutor(1, thread_name_prefix="vcdl-evaluate") as pool:
+            evaluation = (
+                pool.submit(contextvars.copy_context().run, partial(self._evaluate, *previous))
+                if previous is not None
+                else None
+            )
+            self.drain()
+            if evaluation is not None:
+                evaluation.result()  # raises what the evaluation raised
         subs = self.ledger.subtasks(self.ref.run, self.epoch)
         if not any(s.state == "merged" for s in subs):
             reasons = sorted({s.reason or "" for s in subs if s.state == "failed"})

@@ -30,6 +30,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import torch
 
+from vcdl.assimilator import MERGEABLE_ATTEMPT_STATES
 from vcdl.config import RunConfig
 from vcdl.data import open_dataset, read_rows, shard_indices
 from vcdl.errors import LedgerError
@@ -86,7 +87,7 @@ def await_own_merge(ref: RunRef, timeout: float = OWN_MERGE_WAIT, poll: float = 
     started = time.monotonic()
     while time.monotonic() - started < timeout:
         try:
-            if ledger.get_attempt(last).state not in ("finished", "interrupted"):
+            if ledger.get_attempt(last).state not in MERGEABLE_ATTEMPT_STATES:
                 break
         except LedgerError:  # the row is gone (the run was deleted)
             break
