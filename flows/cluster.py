@@ -24,7 +24,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,6 +32,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from prefect_dask import DaskTaskRunner
 from prefect_dask.client import PrefectDaskClient
 
+from flows.forkserver import forked_workers
 from flows.watchdog import ClusterWatchdog
 from vcdl.config import RunConfig
 
@@ -80,20 +81,24 @@ def dask_cluster(cfg: RunConfig) -> Iterator[str]:
         return
     from distributed import LocalCluster
 
-    with LocalCluster(
-        n_workers=cfg.cluster.workers,
-        # One thread more than the attempts a worker trains at once: Prefect's
-        # engine sets up the next task while the current one trains (see
-        # vcdl.attempt.training_slot).
-        threads_per_worker=cfg.cluster.threads_per_worker + 1,
-        processes=True,
-        memory_limit=cfg.cluster.memory_limit,
-        # The scheduler always serves HTTP (health, and the dashboard when
-        # bokeh is installed); a random port keeps parallel runs from clashing.
-        dashboard_address=":0",
-        env=worker_env(cfg),
-        silence_logs=logging.WARNING,
-    ) as cluster:
+    env = worker_env(cfg)
+    with (
+        forked_workers(env) if cfg.cluster.start_method == "forkserver" else nullcontext(),
+        LocalCluster(
+            n_workers=cfg.cluster.workers,
+            # One thread more than the attempts a worker trains at once: Prefect's
+            # engine sets up the next task while the current one trains (see
+            # vcdl.attempt.training_slot).
+            threads_per_worker=cfg.cluster.threads_per_worker + 1,
+            processes=True,
+            memory_limit=cfg.cluster.memory_limit,
+            # The scheduler always serves HTTP (health, and the dashboard when
+            # bokeh is installed); a random port keeps parallel runs from clashing.
+            dashboard_address=":0",
+            env=env,
+            silence_logs=logging.WARNING,
+        ) as cluster,
+    ):
         log.info(
             "LocalCluster with %d workers at %s", cfg.cluster.workers, cluster.scheduler_address
         )
@@ -140,9 +145,21 @@ def shared_task_runner(address: str) -> Iterator[SharedClientRunner]:
 
 
 def warm_up() -> None:
-    """Import what a shard task needs and run torch once (its first op initializes kernels)."""
+    """Import what a shard task needs and run torch once (its first op initializes kernels).
+
+    A worker forked from the preloaded server (flows/forkserver.py) imported
+    Prefect and torch before its nanny set its environment: Prefect's
+    settings and torch's thread count are read again from it here.
+    """
+    import os
+
     import torch
     from prefect import task_engine  # noqa: F401  (the engine that runs every task)
+    from prefect.context import refresh_global_settings_context
+
+    refresh_global_settings_context()  # PREFECT_API_URL: else the worker starts its own server
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
     import flows.epoch  # noqa: F401  (the shard task and vcdl's hot path: ledger, store, train)
 

@@ -24,6 +24,7 @@ import contextlib
 import contextvars
 import logging
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from functools import partial
@@ -41,7 +42,7 @@ from vcdl.assimilator import MERGEABLE_ATTEMPT_STATES, HeadCache, merge_attempt
 from vcdl.attempt import TERMINAL_SUBTASK_STATES, run_attempt, training_slot
 from vcdl.config import RunConfig
 from vcdl.errors import EpochFailed
-from vcdl.ledger import Subtask
+from vcdl.ledger import Subtask, Version
 from vcdl.preemption import Preempted, notice_received
 from vcdl.runs import evaluate_version
 from vcdl.runtime import RunRef
@@ -98,6 +99,15 @@ def evaluate_head(ref: RunRef, config: RunConfig, version: int, epoch: int) -> d
     """Evaluate a version on the test split and record it in the ledger."""
     ev = evaluate_version(ref, config, version, epoch=epoch)
     return {"version": ev.version, "accuracy": ev.accuracy, "loss": ev.loss, "samples": ev.samples}
+
+
+def barrier_head(versions: Iterable[Version], epoch: int) -> int:
+    """The version epoch ``epoch`` ended on: the newest of an epoch up to it (v0 has none).
+
+    Versions of later epochs may already exist (the next epoch's merges run
+    beside the barrier's evaluation) and are not part of it.
+    """
+    return max(v.number for v in versions if v.epoch is None or v.epoch <= epoch)
 
 
 def _set_task_run_state(future: PrefectFuture[Any], kind: str, message: str) -> None:
@@ -414,8 +424,7 @@ class EpochDriver:
             e.epoch == prev and e.split == "test" for e in self.ledger.evaluations(self.ref.run)
         ):
             return None
-        versions = self.ledger.versions(self.ref.run)
-        return prev, max(v.number for v in versions if v.epoch is None or v.epoch <= prev)
+        return prev, barrier_head(self.ledger.versions(self.ref.run), prev)
 
     def _evaluate(self, epoch: int, version: int) -> dict[str, Any]:
         # In the driver: workers are busy training (previous epoch) or done (final).

@@ -149,6 +149,12 @@ class ClusterSection(_Section):
         "more, so the next task is set up while one trains).",
     )
     memory_limit: str = Field("4GiB", description="Memory limit per LocalCluster worker.")
+    start_method: Literal["forkserver", "spawn"] = Field(
+        "forkserver",
+        description="How LocalCluster nannies start and restart workers: forkserver forks "
+        "them from a process that has imported torch, Prefect and vcdl once (a killed worker "
+        "is back in under a second); spawn starts a fresh interpreter each time (seconds).",
+    )
     task_resources: dict[str, float] = Field(
         default_factory=dict,
         description="Dask resources each shard task requests, e.g. {GPU = 1}: it then runs "
