@@ -143,6 +143,25 @@ def _named(config: RunConfig) -> RunConfig:
     return config.updated(run={"name": f"{config.data.name}-{stamp}"})
 
 
+# Formatted by Prefect with the epoch subflow's parameters.
+EPOCH_RUN_NAME = "{ref.run} · epoch {epoch}"
+
+
+@contextmanager
+def epoch_heartbeats_off() -> Iterator[None]:
+    """No Prefect heartbeat thread for the epoch subflows started inside.
+
+    They run in the train flow's process, whose own run keeps its heartbeats
+    (crash detection). A subflow's heartbeat thread sleeps in 1-s steps and
+    Prefect joins it when the subflow ends: up to 1 s of every epoch
+    barrier, all workers idle.
+    """
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield
+
+
 @flow(name="vcdl-train", persist_result=True)
 def train(
     config: RunConfig = RunConfig(),  # noqa: B008  (frozen: safe as a default; the UI's form)
@@ -193,11 +212,18 @@ def _train(config: RunConfig, home: str | None, chaos: ChaosSpec | None) -> dict
                 preemptions(address, chaos) as chaos_thread,
                 shared_task_runner(address) as runner,
             ):
-                for epoch in range(run.epochs_completed, cfg.run.epochs):
-                    epoch_flow.with_options(
-                        task_runner=runner,  # type: ignore[arg-type]  # DaskTaskRunner is one
-                        flow_run_name=f"{ref.run} · epoch {epoch}",
-                    )(ref, cfg, epoch, final=epoch == cfg.run.epochs - 1, progress_id=progress_id)
+                # One flow object for every epoch: with_options rebuilds the
+                # parameters' JSON schema (RunConfig's), and a call validates them
+                # again; both are ours, typed, and cost ~0.1 s at every barrier.
+                epoch_subflow = epoch_flow.with_options(
+                    task_runner=runner,  # type: ignore[arg-type]  # DaskTaskRunner is one
+                    flow_run_name=EPOCH_RUN_NAME,
+                    validate_parameters=False,
+                )
+                with epoch_heartbeats_off():
+                    for epoch in range(run.epochs_completed, cfg.run.epochs):
+                        final = epoch == cfg.run.epochs - 1
+                        epoch_subflow(ref, cfg, epoch, final=final, progress_id=progress_id)
                 if chaos_thread is not None:
                     logger.warning("preemptions sent: %s", chaos_thread.counts())
         except BaseException:

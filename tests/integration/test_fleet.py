@@ -484,6 +484,9 @@ def test_fleet_run_survives_a_lost_worker(
     train_runs, epoch_runs = flows["vcdl-train"], flows["vcdl-epoch"]
     assert len(train_runs) == 1 and train_runs[0].state_type.value == "COMPLETED", train_runs
     assert len(epoch_runs) == EPOCHS, [r.name for r in epoch_runs]
+    # One subflow object for all epochs: the run name comes from its template.
+    assert sorted(r.name for r in epoch_runs) == [f"{RUN} · epoch {e}" for e in range(EPOCHS)]
+    assert all(r.parent_task_run_id is not None for r in epoch_runs), "subflows of the train run"
     assert all(r.state_type.value == "COMPLETED" for r in epoch_runs), [
         (r.name, r.state_type) for r in epoch_runs
     ]
