@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import queue
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +35,7 @@ import dask
 from distributed import KilledWorker
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.futures import PrefectFuture, as_completed
+from prefect.futures import PrefectFuture
 
 from flows.cluster import training_slots, worker_left_at
 from flows.reporting import ProgressUpdater, publish_epoch_table
@@ -110,6 +111,19 @@ def barrier_head(versions: Iterable[Version], epoch: int) -> int:
     return max(v.number for v in versions if v.epoch is None or v.epoch <= epoch)
 
 
+def release(future: PrefectFuture[Any]) -> None:
+    """Let Dask forget a task whose result the driver has consumed.
+
+    Dask keeps a result on its worker while any client holds the future; a
+    worker killed afterwards made the scheduler run those finished tasks
+    again elsewhere ("lose already computed tasks"): Prefect's engine and a
+    ledger lookup for each, on the surviving workers, at every kill.
+    """
+    wrapped = getattr(future, "wrapped_future", None)
+    if wrapped is not None:
+        wrapped.release()
+
+
 def _set_task_run_state(future: PrefectFuture[Any], kind: str, message: str) -> None:
     """Tell Prefect the truth about a task run its engine cannot finish (worker gone)."""
     from prefect.client.orchestration import get_client
@@ -143,6 +157,7 @@ class EpochDriver:
         self.log = get_run_logger()
         self.cache = HeadCache()
         self.pending: dict[PrefectFuture[dict[str, Any]], Key] = {}
+        self.done: queue.SimpleQueue[PrefectFuture[dict[str, Any]]] = queue.SimpleQueue()
         self.submitted: dict[Key, int] = {}
         self.submitted_at: dict[Key, float] = {}
         # When each worker last finished a task body: a task submitted while
@@ -219,6 +234,10 @@ class EpochDriver:
                 task_run_name=f"epoch {epoch} · shard {shard} · attempt {self.submitted[key]}",
             ).submit(self.ref, self.cfg, epoch, shard, self.base if epoch == self.epoch else None)
         self.pending[fut] = key
+        # One completion callback per future, for the epoch's life: a fresh
+        # as_completed() per wait registered one more on every pending future
+        # (quadratic in shards) and its closures kept finished futures alive.
+        fut.add_done_callback(self.done.put)
 
     def reissue(self, key: Key, reason: str) -> None:
         sub = self._subtask(key)
@@ -387,15 +406,19 @@ class EpochDriver:
 
     def drain(self) -> None:
         """Wait for results, merging each; reissue what died, timed out or was rejected."""
+        checked = time.monotonic()
         while self.pending:
             try:
-                fut = next(as_completed(list(self.pending), timeout=POLL_SECONDS))
-            except TimeoutError:
+                fut: PrefectFuture[dict[str, Any]] | None = self.done.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                fut = None
+            if time.monotonic() - checked >= POLL_SECONDS:
+                # Also while results keep coming: one hung attempt among many.
                 self._check_deadlines()
-                self._check_quorum()
-                continue
-            key = self.pending.pop(fut)
-            self._on_done(fut, key)
+                checked = time.monotonic()
+            if fut is not None and (key := self.pending.pop(fut, None)) is not None:
+                self._on_done(fut, key)
+                release(fut)
             self._check_quorum()
 
     def _settle(self) -> None:

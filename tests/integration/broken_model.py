@@ -1,6 +1,9 @@
-"""A model factory whose forward pass always fails: every attempt dies in training."""
+"""Model factories that misbehave on purpose: one always fails, one hangs once."""
 
 from __future__ import annotations
+
+import os
+import time
 
 import torch
 from torch import nn
@@ -17,3 +20,27 @@ class Broken(nn.Module):
 
 def broken(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return Broken()
+
+
+class HangsOnce(nn.Module):
+    """A small MLP whose first forward pass anywhere (one marker file) sleeps ``seconds``."""
+
+    def __init__(self, marker: str, seconds: float) -> None:
+        super().__init__()
+        self.linear = nn.Linear(40, 10)
+        self.marker, self.seconds = marker, seconds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            pass
+        else:
+            time.sleep(self.seconds)  # the hung attempt: its worker stays up
+        return self.linear(x.reshape(len(x), -1))
+
+
+def hangs_once(
+    input_shape: tuple[int, ...], num_classes: int, marker: str, seconds: float
+) -> nn.Module:
+    return HangsOnce(marker, seconds)
