@@ -1,7 +1,10 @@
 """Utilization of 2 workers, fault-free: vcdl vs plain dask.distributed vs one PyTorch process.
 
 Utilization = Σ training-loop seconds ÷ (workers × wall), where wall runs from
-the first dispatch to the last merge:
+the first dispatch to the last merge. The shards are sized so that one attempt
+trains about 5 s on this machine (``--attempt-seconds``): a 3-s plain training
+loop measures its speed first (:func:`fit_sizes`), since vcdl's cost per
+attempt is fixed and a faster machine would otherwise read as more overhead.
 
 - **vcdl**: the real ``vcdl.api.train`` (Prefect flow, Dask LocalCluster with
   2 one-thread workers, Zarr store, SQLite ledger) in a throwaway home. First
@@ -24,7 +27,7 @@ It also prints vcdl's per-attempt breakdown (seconds per phase from
 ``attempt.timings`` in the ledger) and where each worker's time went
 (body of an attempt vs idle before, between, across the epoch barrier, after).
 
-    python benchmarks/overhead.py             # 16 attempts of ~5 s, 3 repeats (~8 min)
+    python benchmarks/overhead.py             # attempts of ~5 s (fitted), 3 repeats (~8 min)
     python benchmarks/overhead.py --quick     # 8 short attempts, 1 repeat (~2 min)
     python benchmarks/overhead.py --kill-every 20   # vcdl under SIGKILLs (see --help)
 
@@ -47,7 +50,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -114,6 +117,51 @@ class Sizes:
 # 256 (~1 900 samples/s on one idle core here): ~4-5 s per attempt, 16 attempts.
 FULL = Sizes(samples=40_000, shards=8, width=256, local_epochs=2, epochs=2)
 QUICK = Sizes(samples=8_000, shards=4, width=128, local_epochs=3, epochs=2)
+ATTEMPT_SECONDS = 5.0  # issue 6: "shards sized so one attempt trains for about 5 s"
+TRAIN_FRACTION = 0.8  # of data.samples: the rest is the test split (vcdl.data)
+
+
+def fit_sizes(base: Sizes, samples_per_s: float, seconds: float = ATTEMPT_SECONDS) -> Sizes:
+    """``base`` with shards (and if need be local epochs) so one attempt trains ~``seconds``.
+
+    Pure: from a measured training speed. Keeps ``base``'s local epochs when
+    an even shard count (2 workers) gets within 10 % of the target, else adds
+    passes over the shard; the closest fit otherwise.
+    """
+    rows = base.samples * TRAIN_FRACTION
+    best: tuple[float, int, int] | None = None
+    for passes in range(base.local_epochs, 33):
+        err, shards = min(
+            (abs(rows / n * passes / samples_per_s - seconds), n) for n in range(2, 65, 2)
+        )
+        if best is None or err < best[0]:
+            best = (err, shards, passes)
+        if err <= 0.1 * seconds:
+            break
+    assert best is not None
+    return replace(base, shards=best[1], local_epochs=best[2])
+
+
+def training_speed(sizes: Sizes, batch: int, seconds: float = 3.0) -> float:
+    """Samples per second of one plain training loop here (one thread, ``cnn1d``)."""
+    from vcdl.models import cnn1d
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = cnn1d((40,), 10, width=sizes.width)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.randn(batch, 40), torch.randint(0, 10, (batch,))
+    for _ in range(5):  # first steps initialize kernels and imports
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        done += batch
+    return done / (time.perf_counter() - start)
 
 
 def make_config(base: str, sizes: Sizes, name: str, home: Path) -> RunConfig:
@@ -500,14 +548,25 @@ def benchmark(
     config: str | None = None,
     workdir: Path | None = None,
     kill_every: float | None = None,
+    attempt_seconds: float = ATTEMPT_SECONDS,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run the benchmark (importable: the test calls it); returns the runs and the summary.
 
     Every repeat is a new run in one throwaway vcdl home (under ``workdir`` if given).
+    The full sizes are fitted to this machine's speed so that an attempt
+    trains ~``attempt_seconds`` (0: :data:`FULL` as is); quick ones are fixed.
     """
     sizes = QUICK if quick else FULL
     repeats = repeats or (1 if quick else 3)
     base = config or str(REPO / "examples" / "mnist1d.toml")
+    if not quick and attempt_seconds:
+        speed = training_speed(sizes, load_config(base).train.batch_size)
+        sizes = fit_sizes(sizes, speed, attempt_seconds)
+        print(
+            f"one training loop here: {speed:.0f} samples/s; for ~{attempt_seconds:g} s "
+            f"attempts: {sizes.shards} shards x {sizes.local_epochs} local epochs",
+            flush=True,
+        )
     runs = []
     with tempfile.TemporaryDirectory(prefix="vcdl-overhead-", dir=workdir) as tmp:
         for i in range(repeats):
@@ -529,8 +588,21 @@ def main() -> None:
         metavar="SECONDS",
         help="SIGKILL a vcdl worker every SECONDS on average (Poisson); target 85%%",
     )
+    p.add_argument(
+        "--attempt-seconds",
+        type=float,
+        default=ATTEMPT_SECONDS,
+        help="fit shards and local epochs so one attempt trains about this long, from a "
+        "3-s measurement of this machine's speed (default %(default)g; 0 = fixed sizes)",
+    )
     args = p.parse_args()
-    _, summary = benchmark(args.quick, args.repeats, args.config, kill_every=args.kill_every)
+    _, summary = benchmark(
+        args.quick,
+        args.repeats,
+        args.config,
+        kill_every=args.kill_every,
+        attempt_seconds=args.attempt_seconds,
+    )
     print(json.dumps(summary))
 
 
