@@ -2,9 +2,10 @@
 
 Utilization = Σ training-loop seconds ÷ (workers × wall), where wall runs from
 the first dispatch to the last merge. The shards are sized so that one attempt
-trains about 5 s on this machine (``--attempt-seconds``): a 3-s plain training
-loop measures its speed first (:func:`fit_sizes`), since vcdl's cost per
-attempt is fixed and a faster machine would otherwise read as more overhead.
+trains about 5 s on this machine (``--attempt-seconds``): a one-epoch vcdl run
+measures a worker's training speed first (:func:`fit_sizes`), since vcdl's
+cost per attempt is fixed and a faster machine would otherwise read as more
+overhead.
 
 - **vcdl**: the real ``vcdl.api.train`` (Prefect flow, Dask LocalCluster with
   2 one-thread workers, Zarr store, SQLite ledger) in a throwaway home. First
@@ -142,26 +143,18 @@ def fit_sizes(base: Sizes, samples_per_s: float, seconds: float = ATTEMPT_SECOND
     return replace(base, shards=best[1], local_epochs=best[2])
 
 
-def training_speed(sizes: Sizes, batch: int, seconds: float = 3.0) -> float:
-    """Samples per second of one plain training loop here (one thread, ``cnn1d``)."""
-    from vcdl.models import cnn1d
+def training_speed(base: str, sizes: Sizes, home: Path) -> float:
+    """Samples per second one vcdl worker trains here: a one-epoch vcdl run, fault-free.
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = cnn1d((40,), 10, width=sizes.width)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x, y = torch.randn(batch, 40), torch.randint(0, 10, (batch,))
-    for _ in range(5):  # first steps initialize kernels and imports
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-    done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-        done += batch
-    return done / (time.perf_counter() - start)
+    Measured inside a run because a run shares the cores with the driver and
+    Prefect's server: a bare training loop ran twice as fast here.
+    """
+    cfg = make_config(base, replace(sizes, epochs=1), "overhead-calibration", home)
+    assert cfg.store.url is not None
+    ensure_dataset(open_store(cfg.store.url), cfg)
+    vc = run_vcdl(cfg, home)
+    rows = sizes.samples * TRAIN_FRACTION / sizes.shards * sizes.local_epochs
+    return float(vc["merged"] * rows / vc["train_seconds"])
 
 
 def make_config(base: str, sizes: Sizes, name: str, home: Path) -> RunConfig:
@@ -559,16 +552,16 @@ def benchmark(
     sizes = QUICK if quick else FULL
     repeats = repeats or (1 if quick else 3)
     base = config or str(REPO / "examples" / "mnist1d.toml")
-    if not quick and attempt_seconds:
-        speed = training_speed(sizes, load_config(base).train.batch_size)
-        sizes = fit_sizes(sizes, speed, attempt_seconds)
-        print(
-            f"one training loop here: {speed:.0f} samples/s; for ~{attempt_seconds:g} s "
-            f"attempts: {sizes.shards} shards x {sizes.local_epochs} local epochs",
-            flush=True,
-        )
     runs = []
     with tempfile.TemporaryDirectory(prefix="vcdl-overhead-", dir=workdir) as tmp:
+        if not quick and attempt_seconds:
+            speed = training_speed(base, sizes, Path(tmp))
+            sizes = fit_sizes(sizes, speed, attempt_seconds)
+            print(
+                f"a vcdl worker trains {speed:.0f} samples/s here; for ~{attempt_seconds:g}-s "
+                f"attempts: {sizes.shards} shards x {sizes.local_epochs} local epochs",
+                flush=True,
+            )
         for i in range(repeats):
             out = compare(base, sizes, Path(tmp), f"overhead-{i + 1}", kill_every)
             runs.append(out)
@@ -593,7 +586,7 @@ def main() -> None:
         type=float,
         default=ATTEMPT_SECONDS,
         help="fit shards and local epochs so one attempt trains about this long, from a "
-        "3-s measurement of this machine's speed (default %(default)g; 0 = fixed sizes)",
+        "one-epoch calibration run (default %(default)g; 0 = fixed sizes)",
     )
     args = p.parse_args()
     _, summary = benchmark(
