@@ -101,6 +101,11 @@ class Sizes:
     local_epochs: int
     epochs: int
 
+    @property
+    def attempt_samples(self) -> float:
+        """Samples one attempt trains: its shard of the train split, ``local_epochs`` times."""
+        return self.samples * TRAIN_FRACTION / self.shards * self.local_epochs
+
     def overrides(self, name: str) -> list[str]:
         return [
             f"run.name={name}",
@@ -114,8 +119,8 @@ class Sizes:
         ]
 
 
-# Full: 32 000 train rows in 8 shards of 4 000, 2 passes each, cnn1d width
-# 256 (~1 900 samples/s on one idle core here): ~4-5 s per attempt, 16 attempts.
+# Full: the base the shards are fitted from (fit_sizes); as is (--attempt-seconds 0),
+# 32 000 train rows in 8 shards of 4 000, 2 passes each, cnn1d width 256.
 FULL = Sizes(samples=40_000, shards=8, width=256, local_epochs=2, epochs=2)
 QUICK = Sizes(samples=8_000, shards=4, width=128, local_epochs=3, epochs=2)
 ATTEMPT_SECONDS = 5.0  # issue 6: "shards sized so one attempt trains for about 5 s"
@@ -129,11 +134,17 @@ def fit_sizes(base: Sizes, samples_per_s: float, seconds: float = ATTEMPT_SECOND
     an even shard count (2 workers) gets within 10 % of the target, else adds
     passes over the shard; the closest fit otherwise.
     """
-    rows = base.samples * TRAIN_FRACTION
     best: tuple[float, int, int] | None = None
     for passes in range(base.local_epochs, 33):
         err, shards = min(
-            (abs(rows / n * passes / samples_per_s - seconds), n) for n in range(2, 65, 2)
+            (
+                abs(
+                    replace(base, shards=n, local_epochs=passes).attempt_samples / samples_per_s
+                    - seconds
+                ),
+                n,
+            )
+            for n in range(2, 65, 2)
         )
         if best is None or err < best[0]:
             best = (err, shards, passes)
@@ -153,8 +164,7 @@ def training_speed(base: str, sizes: Sizes, home: Path) -> float:
     assert cfg.store.url is not None
     ensure_dataset(open_store(cfg.store.url), cfg)
     vc = run_vcdl(cfg, home)
-    rows = sizes.samples * TRAIN_FRACTION / sizes.shards * sizes.local_epochs
-    return float(vc["merged"] * rows / vc["train_seconds"])
+    return float(vc["merged"] * sizes.attempt_samples / vc["train_seconds"])
 
 
 def make_config(base: str, sizes: Sizes, name: str, home: Path) -> RunConfig:

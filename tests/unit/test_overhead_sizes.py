@@ -5,12 +5,15 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.overhead import FULL, TRAIN_FRACTION, fit_sizes
+from benchmarks.overhead import FULL, TRAIN_FRACTION, Sizes, fit_sizes
 
 
-def _seconds(sizes: object, speed: float) -> float:
-    rows = FULL.samples * TRAIN_FRACTION / sizes.shards  # type: ignore[attr-defined]
-    return float(rows * sizes.local_epochs / speed)  # type: ignore[attr-defined]
+def _seconds(sizes: Sizes, speed: float) -> float:
+    return sizes.attempt_samples / speed
+
+
+def test_attempt_samples_is_a_shard_of_the_train_split_times_the_passes() -> None:
+    assert FULL.attempt_samples == FULL.samples * TRAIN_FRACTION / FULL.shards * FULL.local_epochs
 
 
 def test_a_speed_seen_here() -> None:
