@@ -25,7 +25,7 @@ import contextvars
 import logging
 import queue
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from functools import partial
@@ -40,7 +40,13 @@ from prefect.futures import PrefectFuture
 from flows.cluster import training_slots, worker_left_at
 from flows.reporting import ProgressUpdater, publish_epoch_table
 from vcdl.assimilator import MERGEABLE_ATTEMPT_STATES, HeadCache, merge_attempt
-from vcdl.attempt import TERMINAL_SUBTASK_STATES, run_attempt, training_slot
+from vcdl.attempt import (
+    TERMINAL_SUBTASK_STATES,
+    ShardData,
+    load_shard,
+    run_attempt,
+    training_slot,
+)
 from vcdl.config import RunConfig
 from vcdl.errors import EpochFailed
 from vcdl.ledger import Subtask, Version
@@ -75,22 +81,39 @@ def train_shard(
 
     body_started = time.time()
     # The worker's spare Dask thread gets here while its other task trains
-    # (flows/cluster.py): wait for the slot, then claim the freshest head.
+    # (flows/cluster.py): read the rows meanwhile, wait for the slot, then
+    # claim the freshest head.
+    data = prefetch_shard(ref, epoch, shard, config)
+    prefetched = time.time()
     with training_slot(training_slots(config)):
         slot_acquired = time.time()
         if notice_received():
             # A worker under notice takes nothing new: the flow reissues elsewhere.
             raise Preempted("worker has a preemption notice")
-        out = run_attempt(ref, epoch, shard, base_version, notice_received, config).to_dict()
+        out = run_attempt(ref, epoch, shard, base_version, notice_received, config, data).to_dict()
     # Wall-clock marks (one machine's clock, or NTP-synced ones) that let the
     # driver split dispatch overhead into Dask scheduling and Prefect's engine.
     out["clock"] = {
         "dask_started": getattr(thread_state, "start_time", None),
         "body_started": body_started,
+        "prefetched": prefetched,
         "slot_acquired": slot_acquired,
         "body_ended": time.time(),
     }
     return out
+
+
+def prefetch_shard(ref: RunRef, epoch: int, shard: int, config: RunConfig) -> ShardData | None:
+    """The subtask's rows and model read ahead, or None to let the attempt read them.
+
+    Best effort: an attempt that reads them itself records a failure to do so
+    in the ledger, against its claim, with the reason.
+    """
+    try:
+        return load_shard(ref, epoch, shard, config)
+    except Exception as exc:  # the attempt reads again, and records why it fails
+        logging.getLogger(__name__).debug("prefetch of %s/%s failed: %s", epoch, shard, exc)
+        return None
 
 
 @task(
@@ -109,6 +132,34 @@ def barrier_head(versions: Iterable[Version], epoch: int) -> int:
     beside the barrier's evaluation) and are not part of it.
     """
     return max(v.number for v in versions if v.epoch is None or v.epoch <= epoch)
+
+
+def dispatch_phases(
+    sent: float, ready: float, received: float, clock: Mapping[str, float | None]
+) -> dict[str, float]:
+    """Split one attempt's time outside its training body (see ``_dispatch_overhead``).
+
+    ``sent``: the driver's submission; ``ready``: when the worker was free (not
+    before ``sent``); ``received``: the result back in the driver; ``clock``:
+    the task's wall-clock marks (``dask_started``, ``body_started``,
+    ``prefetched``, ``slot_acquired``, ``body_ended``). Pure, for tests.
+    """
+    begun, started, ended = clock.get("dask_started"), clock["body_started"], clock["body_ended"]
+    assert started is not None and ended is not None
+    acquired = clock.get("slot_acquired") or started
+    prefetched = clock.get("prefetched") or started
+    if begun is None:  # not run by a Dask worker thread: all of it is "dispatch"
+        return {"dispatch": max(0.0, started - ready + received - ended)}
+    # The read-ahead delays the attempt only where it ran after the worker was free.
+    prefetch = max(0.0, prefetched - max(started, ready))
+    return {
+        "queued": max(0.0, min(ready, begun) - sent) + max(0.0, acquired - started - prefetch),
+        "prefetch": prefetch,
+        "scheduling": max(0.0, begun - ready),
+        # Prefect's engine before the body, and after it plus the return of
+        # the result dict through Dask (a few hundred bytes).
+        "prefect": max(0.0, started - begun) + max(0.0, received - ended),
+    }
 
 
 def release(future: PrefectFuture[Any]) -> None:
@@ -325,35 +376,24 @@ class EpochDriver:
 
         ``queued`` is time the attempt waited because its worker was busy (in
         Dask's queues, or started on the worker's spare thread and waiting for
-        the training slot): not overhead. ``scheduling`` counts from when the
-        worker was free (its previous body ended) to Dask starting the task.
+        the training slot): not overhead. ``prefetch`` is the part of the
+        read-ahead of the shard's rows that ran after the worker was free.
+        ``scheduling`` counts from when the worker was free (its previous body
+        ended) to Dask starting the task.
         ``prefect`` is the engine before and after the body; when the task
         started on the spare thread its "before" overlapped the previous
         attempt's training.
         """
         clock = out.get("clock") or {}
         sent, received = self.submitted_at.get(key), time.time()
-        begun, started, ended = (
-            clock.get("dask_started"),
-            clock.get("body_started"),
-            clock.get("body_ended"),
-        )
+        started, ended = clock.get("body_started"), clock.get("body_ended")
         if sent is None or started is None or ended is None:
             return {}
-        acquired = clock.get("slot_acquired", started)
         worker = str(out.get("worker") or "")
         # The attempt could not train before its worker finished the previous one.
         ready = max(sent, self.worker_free_at.get(worker, sent))
         self.worker_free_at[worker] = max(ended, self.worker_free_at.get(worker, ended))
-        if begun is None:  # not run by a Dask worker thread: all of it is "dispatch"
-            return {"dispatch": max(0.0, started - ready + received - ended)}
-        return {
-            "queued": max(0.0, min(ready, begun) - sent) + max(0.0, acquired - started),
-            "scheduling": max(0.0, begun - ready),
-            # Prefect's engine before the body, and after it plus the return
-            # of the result dict through Dask (a few hundred bytes).
-            "prefect": max(0.0, started - begun) + max(0.0, received - ended),
-        }
+        return dispatch_phases(sent, ready, received, clock)
 
     def _check_deadlines(self) -> None:
         """Reissue subtasks whose running attempt is past its deadline."""
@@ -422,10 +462,21 @@ class EpochDriver:
             self._check_quorum()
 
     def _settle(self) -> None:
-        """Results that arrived for subtasks merged from another attempt are duplicates."""
+        """Results that arrived for subtasks merged from another attempt are duplicates.
+
+        Checkpoints left by attempts of finished subtasks (killed ones nobody
+        resumed, or superseded by a further one) are deleted: nothing resumes
+        them any more.
+        """
         store = self.ref.store()
-        merged = {s.id for s in self.ledger.subtasks(self.ref.run) if s.state == "merged"}
+        subtasks = self.ledger.subtasks(self.ref.run)
+        merged = {s.id for s in subtasks if s.state == "merged"}
+        done = {s.id for s in subtasks if s.state in TERMINAL_SUBTASK_STATES}
         for a in self.ledger.attempts(self.ref.run):
+            if a.checkpoint_uri is not None and a.subtask_id in done:
+                uri = self.ledger.clear_checkpoint(a.id)
+                if uri is not None:
+                    store.delete(uri)
             if a.state in MERGEABLE_ATTEMPT_STATES and a.subtask_id in merged:
                 self.ledger.finish_attempt(
                     a.id, state="duplicate", reason="subtask merged from another attempt"

@@ -29,16 +29,22 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import torch
+from torch import nn
 
 from vcdl.assimilator import MERGEABLE_ATTEMPT_STATES
 from vcdl.config import RunConfig
 from vcdl.data import open_dataset, read_rows, shard_indices
-from vcdl.errors import LedgerError
+from vcdl.errors import IntegrityError, LedgerError, StoreNotFoundError
+from vcdl.ledger import Attempt
 from vcdl.models import build_model
-from vcdl.runtime import RunRef, result_path
+from vcdl.runtime import RunRef, checkpoint_path, result_path
+from vcdl.store import WeightStore
 from vcdl.train import train_attempt
+from vcdl.types import StateDict
 
 TERMINAL_SUBTASK_STATES = frozenset({"merged", "dropped", "failed"})
+# Attempts whose checkpoint a replacement may resume: dead or given up on.
+RESUMABLE_STATES = frozenset({"running", "killed", "timeout"})
 
 _SLOTS: dict[int, threading.Semaphore] = {}
 _SLOTS_LOCK = threading.Lock()
@@ -111,7 +117,7 @@ class AttemptOutcome:
     train_seconds: float = 0.0
     worker: str = ""
     timings: dict[str, float] = field(default_factory=dict)
-    """Seconds per phase: claim, read, data, train, write, record."""
+    """Seconds per phase: claim, read, data (or data_ahead: read ahead), train, write, record."""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -132,20 +138,14 @@ def attempt_seed(seed: int, epoch: int, shard: int) -> int:
     return int(np.random.SeedSequence([seed, epoch, shard]).generate_state(1)[0])
 
 
-def _unmerged_result(ref: RunRef, epoch: int, shard: int) -> AttemptOutcome | None:
+def _unmerged_result(store: WeightStore, earlier: list[Attempt]) -> AttemptOutcome | None:
     """A finished, not yet merged attempt of this subtask whose result is stored."""
-    store = ref.store()
-    for a in ref.ledger().attempts(ref.run, epoch):
-        if (
-            a.shard == shard
-            and a.state == "finished"
-            and a.result_uri
-            and store.exists(a.result_uri)
-        ):
+    for a in earlier:
+        if a.state == "finished" and a.result_uri and store.exists(a.result_uri):
             return AttemptOutcome(
                 attempt_id=a.id,
-                epoch=epoch,
-                shard=shard,
+                epoch=a.epoch,
+                shard=a.shard,
                 state="finished",
                 base_version=a.base_version,
                 samples=a.samples or 0,
@@ -157,6 +157,72 @@ def _unmerged_result(ref: RunRef, epoch: int, shard: int) -> AttemptOutcome | No
     return None
 
 
+@dataclass
+class ShardData:
+    """What an attempt trains on apart from the weights: its rows and a fresh model."""
+
+    key: tuple[str, int, int]
+    """(run, epoch, shard) the rows belong to."""
+    x: np.ndarray
+    y: np.ndarray
+    model: nn.Module
+    seconds: float
+    """Time it took to read the rows and build the model."""
+
+
+def load_shard(ref: RunRef, epoch: int, shard: int, config: RunConfig | None = None) -> ShardData:
+    """Read subtask (run, epoch, shard)'s training rows and build its model.
+
+    Nothing here depends on the head: a worker's spare Dask thread calls this
+    while the worker's previous attempt still trains, so the next attempt's
+    critical path starts at the claim (only the base weights must be read
+    after it, to be the freshest head). Costs one shard's rows of memory
+    more while the two overlap.
+    """
+    t = time.perf_counter()
+    store = ref.store()
+    cfg = config if config is not None else ref.config()
+    info = open_dataset(store, cfg.data.name)
+    rows = shard_indices(info.n_train, cfg.data.shards, cfg.run.seed, epoch, shard)
+    x, y = read_rows(store, cfg.data.name, "train", rows)
+    model = build_model(
+        cfg.model.factory,
+        cfg.model.kwargs,
+        input_shape=info.input_shape,
+        num_classes=info.num_classes,
+    )
+    return ShardData((ref.run, epoch, shard), x, y, model, time.perf_counter() - t)
+
+
+def resume_point(store: WeightStore, earlier: list[Attempt]) -> tuple[Attempt, StateDict] | None:
+    """The furthest checkpoint an unfinished attempt of this subtask left, read and verified.
+
+    ``earlier``: the subtask's attempts so far. A "running" one is dead (Dask
+    re-runs a task only when its worker died) or given up on by the driver
+    (past its deadline, then "timeout"); "killed" ones are dead. Their
+    checkpoints are durable: resuming from one loses only the training after
+    it. A checkpoint deleted meanwhile (its attempt wrote a newer one) or
+    failing its checksums is passed over; None means start over.
+    """
+    candidates = [
+        a for a in earlier if a.state in RESUMABLE_STATES and a.checkpoint_uri and a.samples
+    ]
+    for a in sorted(candidates, key=lambda a: a.samples or 0, reverse=True):
+        assert a.checkpoint_uri is not None
+        try:
+            return a, store.read_state(a.checkpoint_uri)
+        except (IntegrityError, StoreNotFoundError):
+            continue
+    return None
+
+
+def _drop_checkpoint(ref: RunRef, attempt_id: str) -> None:
+    """Forget and delete an attempt's checkpoint (its result or a resumer's supersedes it)."""
+    uri = ref.ledger().clear_checkpoint(attempt_id)
+    if uri is not None:
+        ref.store().delete(uri)
+
+
 def run_attempt(
     ref: RunRef,
     epoch: int,
@@ -164,11 +230,14 @@ def run_attempt(
     base_version: int | None = None,
     should_stop: Callable[[], bool] | None = None,
     config: RunConfig | None = None,
+    data: ShardData | None = None,
 ) -> AttemptOutcome:
     """Claim, train and record one attempt of subtask (run, epoch, shard).
 
     ``base_version`` None means "the head at claim time" (VC-ASGD); the
     averaging rule pins every shard of an epoch to the epoch's first version.
+    ``data`` is the subtask's :func:`load_shard`, when the caller read it
+    ahead; without it (or for another subtask) the attempt reads its own.
     """
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -180,49 +249,80 @@ def run_attempt(
         raise LookupError(f"run {ref.run!r} has no subtask epoch {epoch} shard {shard}")
     if subtask.state in TERMINAL_SUBTASK_STATES:
         return AttemptOutcome(None, epoch, shard, "skipped", worker=worker_name())
-    done = _unmerged_result(ref, epoch, shard)
+    earlier = [a for a in ledger.attempts(ref.run, epoch) if a.shard == shard]
+    done = _unmerged_result(store, earlier)
     if done is not None:
         # Dask re-runs a finished task whose worker died before the driver
         # fetched its return value; the result is safe in the store already.
         return done
+    t = time.perf_counter()
+    resume = resume_point(store, earlier) if cfg.fault.checkpoint_seconds else None
+    resumed = time.perf_counter() - t
     # Not part of the claim's time: the worker is idle meanwhile, and shows so.
-    awaited = await_own_merge(ref) if base_version is None else 0.0
+    awaited = await_own_merge(ref) if base_version is None and resume is None else 0.0
     deadline = datetime.now(UTC) + timedelta(seconds=cfg.fault.attempt_timeout)
     attempt = ledger.start_attempt(
-        ref.run, epoch, shard, worker_name(), base_version=base_version, deadline=deadline
+        ref.run,
+        epoch,
+        shard,
+        worker_name(),
+        # A resumed checkpoint carries its attempt's base: staleness counts from there.
+        base_version=resume[0].base_version if resume else base_version,
+        deadline=deadline,
     )
-    timings["claim"] = time.perf_counter() - t0 - awaited
+    timings["claim"] = time.perf_counter() - t0 - awaited - resumed
     if awaited:
         timings["await_merge"] = awaited
+    own_checkpoint = False
     try:
         t = time.perf_counter()
-        base_row = ledger.get_version(ref.run, attempt.base_version)
-        base = store.read_state(base_row.uri)
-        timings["read"] = time.perf_counter() - t
+        if resume is not None:
+            source, base = resume
+            ledger.mark_resumed(attempt.id, source.id)
+            start_samples = source.samples or 0
+            timings["read"] = resumed + time.perf_counter() - t
+        else:
+            start_samples = 0
+            base_row = ledger.get_version(ref.run, attempt.base_version)
+            base = store.read_state(base_row.uri)
+            timings["read"] = time.perf_counter() - t
 
-        t = time.perf_counter()
-        info = open_dataset(store, cfg.data.name)
-        rows = shard_indices(info.n_train, cfg.data.shards, cfg.run.seed, epoch, shard)
-        x, y = read_rows(store, cfg.data.name, "train", rows)
-        timings["data"] = time.perf_counter() - t
+        def save(state: StateDict, samples: int, seconds: float) -> None:
+            """Make the training so far durable; a replacement resumes here after a kill."""
+            nonlocal own_checkpoint
+            t = time.perf_counter()
+            path = checkpoint_path(ref.run, epoch, shard, attempt.id, samples)
+            store.write_state(
+                path,
+                state,
+                attrs={"run": ref.run, "attempt": attempt.id, "samples": samples},
+            )
+            replaced = ledger.record_checkpoint(attempt.id, path, samples, seconds)
+            own_checkpoint = True
+            if replaced is not None:
+                store.delete(replaced)
+            timings["checkpoint"] = timings.get("checkpoint", 0.0) + time.perf_counter() - t
+
+        if data is None or data.key != (ref.run, epoch, shard):
+            data = load_shard(ref, epoch, shard, cfg)
+            timings["data"] = data.seconds
+        else:
+            timings["data_ahead"] = data.seconds  # read before the training slot
 
         # Set deliberately: Nanny-started workers default to 1 thread, and
         # set_num_threads is process-wide, so the config decides, not history.
         torch.set_num_threads(cfg.train.threads)
-        model = build_model(
-            cfg.model.factory,
-            cfg.model.kwargs,
-            input_shape=info.input_shape,
-            num_classes=info.num_classes,
-        )
         result = train_attempt(
-            model,
+            data.model,
             base,
-            x,
-            y,
+            data.x,
+            data.y,
             cfg.train,
             seed=attempt_seed(cfg.run.seed, epoch, shard),
             should_stop=should_stop,
+            start_samples=start_samples,
+            checkpoint=save,
+            checkpoint_seconds=cfg.fault.checkpoint_seconds or None,
         )
         timings["train"] = result.train_seconds
 
@@ -260,11 +360,18 @@ def run_attempt(
         )
         timings["record"] = time.perf_counter() - t
         _UNMERGED[ref.run] = attempt.id
+        # The result supersedes the checkpoints it grew from.
+        if own_checkpoint:
+            _drop_checkpoint(ref, attempt.id)
+        if resume is not None:
+            _drop_checkpoint(ref, resume[0].id)
     except BaseException as exc:
         # Record the failure while the process is alive; a SIGKILL never gets
         # here, which is what attempt deadlines are for.
         try:
             ledger.finish_attempt(attempt.id, state="failed", reason=f"{type(exc).__name__}: {exc}")
+            if own_checkpoint:  # a failed attempt is not resumed
+                _drop_checkpoint(ref, attempt.id)
         finally:
             raise
     return AttemptOutcome(

@@ -212,6 +212,13 @@ class FaultSection(_Section):
     attempt_timeout: float = Field(
         900.0, gt=0, description="Seconds after which a running attempt is presumed dead."
     )
+    checkpoint_seconds: float = Field(
+        60.0,
+        ge=0,
+        description="Write a running attempt's weights every this many seconds of training, so "
+        "the attempt that replaces it after a kill resumes there instead of starting over "
+        "(0: never).",
+    )
     partial: Literal["scale", "discard"] = Field(
         "scale",
         description="A partial result (preemption notice): merge it scaled by the fraction of "

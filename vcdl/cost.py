@@ -43,6 +43,12 @@ Definitions (every figure in the report follows them):
   measures that loss, e.g. against a target of "realized savings within 5
   points of the spot discount at the kill schedule".
 
+A killed attempt whose checkpoint a replacement resumed (``fault.checkpoint_seconds``),
+directly or through further resumed attempts, ending in a merged result, is
+useful for the training its checkpoint kept (``train_seconds``, recorded with
+the checkpoint) and waste for the rest of its time: the merged replacement's
+own wall time covers only the samples the checkpoint had not seen.
+
 A merged partial result (``fault.partial = "scale"``) counts as useful at
 its own, shorter, wall time: on-demand would have run the full shard, so
 realized savings are slightly overstated in runs with many notices.
@@ -291,6 +297,24 @@ def attempt_seconds(attempt: Attempt, until: datetime) -> tuple[float, bool]:
     return max(0.0, (end - attempt.started_at).total_seconds()), estimated
 
 
+def salvaged_attempts(attempts: Iterable[Attempt]) -> set[str]:
+    """Ids of unmerged attempts whose checkpoint went into a merged result.
+
+    Follows ``resumed_from`` back from every merged attempt: A resumed by B
+    resumed by C, merged, salvages A and B.
+    """
+    by_id = {a.id: a for a in attempts}
+    salvaged: set[str] = set()
+    for a in by_id.values():
+        if a.state != "merged":
+            continue
+        source = a.resumed_from
+        while source is not None and source not in salvaged and source in by_id:
+            salvaged.add(source)
+            source = by_id[source].resumed_from
+    return salvaged
+
+
 def outcome(state: str, run_ended: bool) -> str:
     """``"useful"``, ``"waste"`` or ``"pending"`` for an attempt in ``state``."""
     if state in USEFUL_STATES:
@@ -324,6 +348,12 @@ class _Tally:
         if kind == "useful":
             self.merged += 1
             self.samples += samples or 0
+
+    def add_salvaged(self, seconds: float, price: Price) -> None:
+        """Useful seconds of an attempt already counted (a resumed checkpoint's training)."""
+        self.seconds["useful"] += seconds
+        self.spot["useful"] += attempt_cost(seconds, price.spot)
+        self.on_demand["useful"] += attempt_cost(seconds, price.on_demand)
 
     def figures(self) -> dict[str, Any]:
         total = sum(self.spot.values())
@@ -384,6 +414,8 @@ def cost_summary(
     per_epoch: dict[int, _Tally] = defaultdict(_Tally)
     per_type: dict[str, _Tally] = defaultdict(_Tally)
     estimated = 0.0
+    attempts = list(attempts)
+    salvaged = salvaged_attempts(attempts)
     for a in attempts:
         kind = instance_for(a.worker, instance_type, worker_types)
         price = prices[kind]
@@ -391,8 +423,13 @@ def cost_summary(
         if is_estimate:
             estimated += seconds
         result = outcome(a.state, run_ended)
+        kept = (
+            min(seconds, a.train_seconds or 0.0) if a.id in salvaged and result != "useful" else 0.0
+        )
         for tally in (run, per_epoch[a.epoch], per_type[kind]):
-            tally.add(result, seconds, price, a.samples)
+            tally.add(result, seconds - kept, price, a.samples)
+            if kept:
+                tally.add_salvaged(kept, price)
     types = {}
     for kind in sorted(per_type):
         price = prices[kind]

@@ -476,7 +476,8 @@ class Ledger:
                 values
                 | {"subtask_id": subtask_id, "number": number, "base_version": base}
                 | {"state": "running", "finished_at": None, "reason": None, "result_uri": None}
-                | {"samples": None, "loss": None, "train_seconds": None, "timings": None},
+                | {"samples": None, "loss": None, "train_seconds": None, "timings": None}
+                | {"checkpoint_uri": None, "resumed_from": None},
             )
 
         if self._pg is not None:
@@ -576,6 +577,49 @@ class Ledger:
             )
 
         self._db.single(tx)
+
+    def record_checkpoint(
+        self, attempt_id: str, uri: str, samples: int, train_seconds: float
+    ) -> str | None:
+        """Point a running attempt at its newest checkpoint; returns the URI to delete.
+
+        The attempt's ``samples`` and ``train_seconds`` become the checkpoint's
+        (the training a replacement can resume). Returns the checkpoint this
+        one replaces, or ``uri`` itself if the attempt is no longer running
+        (the driver gave up on it): the ledger does not name it then.
+        """
+
+        def tx(c: Connection) -> str | None:
+            attempt = self._get_attempt(c, attempt_id)
+            if attempt.state != "running":
+                return uri
+            c.execute(
+                update(_ATT)
+                .where(_ATT.c.id == attempt_id)
+                .values(checkpoint_uri=uri, samples=samples, train_seconds=train_seconds)
+            )
+            return attempt.checkpoint_uri
+
+        return self._db.single(tx)
+
+    def clear_checkpoint(self, attempt_id: str) -> str | None:
+        """Forget an attempt's checkpoint; returns its URI (for the caller to delete)."""
+
+        def tx(c: Connection) -> str | None:
+            uri = self._get_attempt(c, attempt_id).checkpoint_uri
+            if uri is not None:
+                c.execute(update(_ATT).where(_ATT.c.id == attempt_id).values(checkpoint_uri=None))
+            return uri
+
+        return self._db.single(tx)
+
+    def mark_resumed(self, attempt_id: str, source_id: str) -> None:
+        """Record that attempt ``attempt_id`` started from ``source_id``'s checkpoint."""
+        self._db.single(
+            lambda c: c.execute(
+                update(_ATT).where(_ATT.c.id == attempt_id).values(resumed_from=source_id)
+            )
+        )
 
     def _get_attempt(self, c: Connection, attempt_id: str) -> Attempt:
         attempt = one(c, Attempt, select(_ATT).where(_ATT.c.id == attempt_id))

@@ -140,6 +140,12 @@ class Attempt(SQLModel, table=True):
     # measured by the driver): where the overhead goes (benchmarks/overhead.py,
     # vcdl status).
     timings: str | None = None
+    # The newest durable checkpoint of the attempt's training so far (samples
+    # and train_seconds are updated with it): where a replacement resumes if
+    # this attempt dies. Cleared once a result supersedes it.
+    checkpoint_uri: str | None = None
+    # The attempt whose checkpoint this one started from, if any.
+    resumed_from: str | None = None
 
 
 class Version(SQLModel, table=True):

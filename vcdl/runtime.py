@@ -82,5 +82,15 @@ def result_path(run: str, epoch: int, shard: int, attempt_id: str) -> str:
     return f"runs/{run}/results/e{epoch:05d}-s{shard:05d}-{attempt_id}"
 
 
+def checkpoint_path(run: str, epoch: int, shard: int, attempt_id: str, samples: int) -> str:
+    """A checkpoint of an attempt's training, after ``samples``; one group per checkpoint.
+
+    Never overwritten: a replacement reading the one the ledger names while
+    its attempt writes the next one reads a complete group, or finds it
+    deleted and starts over.
+    """
+    return f"{result_path(run, epoch, shard, attempt_id)}-ckpt{samples:010d}"
+
+
 def results_prefix(run: str) -> str:
     return f"runs/{run}/results"

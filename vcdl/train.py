@@ -31,10 +31,10 @@ class TrainResult:
 
     state: StateDict
     samples: int
-    """Samples processed (counting every local epoch)."""
+    """Samples the state has seen of the plan (every local epoch; a resumed checkpoint's too)."""
     mean_loss: float
     train_seconds: float
-    """Seconds spent in the training loop (no I/O)."""
+    """Seconds spent in this call's training loop (no I/O, no checkpoint writes)."""
     interrupted: bool = False
     """True when ``should_stop`` ended training early (a preemption notice)."""
     planned_samples: int = 0
@@ -75,6 +75,10 @@ def snapshot(model: nn.Module) -> StateDict:
     return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
+Checkpoint = Callable[[StateDict, int, float], None]
+"""Called at a batch boundary with (state, samples seen, training seconds so far)."""
+
+
 def train_attempt(
     model: nn.Module,
     base: StateDict,
@@ -83,14 +87,28 @@ def train_attempt(
     cfg: TrainSection,
     seed: int,
     should_stop: Callable[[], bool] | None = None,
+    *,
+    start_samples: int = 0,
+    checkpoint: Checkpoint | None = None,
+    checkpoint_seconds: float | None = None,
 ) -> TrainResult:
     """Train ``model`` from ``base`` on ``(x, y)`` and return the new state.
 
     ``should_stop`` is polled at every batch boundary; when it returns True the
     attempt ends there and the result says how many samples it processed.
+
+    ``checkpoint`` is called every ``checkpoint_seconds`` of training, at a
+    batch boundary; the time it takes is not training time. ``start_samples``
+    resumes from such a checkpoint (``base``): the batch order is the one an
+    uninterrupted attempt with this seed has, the batches the checkpoint had
+    seen (counting every local epoch) are skipped, the optimizer starts fresh
+    (as every attempt's does), and the result's ``samples`` count them too.
     """
     if len(x) != len(y):
         raise ValueError(f"x has {len(x)} rows but y has {len(y)}")
+    planned = len(x) * cfg.local_epochs
+    if not 0 <= start_samples <= planned:
+        raise ValueError(f"start_samples {start_samples} is outside [0, {planned}]")
     device = resolve_device(cfg.device)
     model.load_state_dict(base)
     model.to(device)
@@ -104,12 +122,19 @@ def train_attempt(
     # for these models and it would change the numerics of CPU runs).
     amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.amp and device.type == "cuda")
     total_loss = 0.0
-    samples = 0
+    trained = 0
     interrupted = False
     start = time.perf_counter()
-    for _ in range(cfg.local_epochs):
+    paused = 0.0  # seconds inside checkpoint(): I/O, not training
+    last_checkpoint = start
+    for epoch in range(cfg.local_epochs):
+        # Drawn for every local epoch, skipped or not: the same order as an
+        # attempt that was never interrupted.
         order = torch.randperm(n, generator=gen)
+        seen = min(n, max(0, start_samples - epoch * n))
         for i in range(0, n, cfg.batch_size):
+            if i < seen:
+                continue
             if should_stop is not None and should_stop():
                 interrupted = True
                 break
@@ -120,17 +145,26 @@ def train_attempt(
             loss.backward()
             opt.step()
             total_loss += float(loss.detach()) * len(idx)
-            samples += len(idx)
+            trained += len(idx)
+            now = time.perf_counter()
+            if (
+                checkpoint is not None
+                and checkpoint_seconds is not None
+                and now - last_checkpoint >= checkpoint_seconds
+            ):
+                checkpoint(snapshot(model), start_samples + trained, now - start - paused)
+                last_checkpoint = time.perf_counter()
+                paused += last_checkpoint - now
         if interrupted:
             break
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start - paused
     return TrainResult(
         state=snapshot(model),
-        samples=samples,
-        mean_loss=total_loss / samples if samples else float("nan"),
+        samples=start_samples + trained,
+        mean_loss=total_loss / trained if trained else float("nan"),
         train_seconds=seconds,
         interrupted=interrupted,
-        planned_samples=n * cfg.local_epochs,
+        planned_samples=planned,
     )
 
 

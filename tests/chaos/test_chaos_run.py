@@ -63,7 +63,9 @@ def test_chaos_run_matches_fault_free(prefect_api: None, tmp_path: Path) -> None
     # Three local epochs per attempt: the run lasts long enough (~2 min) for
     # the Poisson schedule to land ten kills; with fewer it trained so fast
     # that fewer did (11 with two, at the rate below).
-    longer = ["train.local_epochs=3"]
+    # Checkpoints every 0.1 s of training: an attempt trains ~0.3 s, so a
+    # kill mid-attempt usually leaves one for the replacement to resume.
+    longer = ["train.local_epochs=3", "fault.checkpoint_seconds=0.1"]
     reference = api.train(
         load_config(EXAMPLE, ["run.name=fault-free", *longer]), home=tmp_path / "ff"
     )
@@ -80,8 +82,7 @@ def test_chaos_run_matches_fault_free(prefect_api: None, tmp_path: Path) -> None
         str(EXAMPLE),
         "--run",
         "chaos",
-        "--set",
-        longer[0],
+        *(arg for o in longer for arg in ("--set", o)),
         *chaos,
         "--preempt-log",
         str(log),
@@ -157,6 +158,21 @@ def test_chaos_run_matches_fault_free(prefect_api: None, tmp_path: Path) -> None
             assert a.finished_at.timestamp() <= died + 5.0, (a, died)
             checked += 1
     print(f"killed attempts billed to their worker's death: {checked}")
+    # Killed attempts that left a checkpoint were resumed, from their own base.
+    attempts = {a.id: a for a in Ledger(ledger_url).attempts("chaos")}
+    resumed = [a for a in attempts.values() if a.resumed_from]
+    for a in resumed:
+        source = attempts[a.resumed_from or ""]
+        assert source.state in ("killed", "timeout"), source
+        assert (source.epoch, source.shard, source.base_version) == (
+            a.epoch,
+            a.shard,
+            a.base_version,
+        )
+        assert source.samples and source.train_seconds, source
+    salvageable = [a for a in attempts.values() if a.state == "killed" and a.samples]
+    print(f"killed attempts with a checkpoint: {len(salvageable)}, resumed: {len(resumed)}")
+    assert len(resumed) >= 1 or not salvageable
     gap = abs(reference["test_accuracy"] - status["test_accuracy"])
     print(f"fault-free {reference['test_accuracy']:.4f}, chaos {status['test_accuracy']:.4f}")
     assert gap <= 0.015, (reference["test_accuracy"], status["test_accuracy"])

@@ -23,6 +23,7 @@ from vcdl.cost import (
     load_prices,
     outcome,
     parse_prices,
+    salvaged_attempts,
 )
 from vcdl.errors import ConfigError
 from vcdl.ledger import ATTEMPT_STATES, Attempt
@@ -290,3 +291,49 @@ def test_format_cost_shows_every_figure() -> None:
     for needle in ("r1", "spot discount 70.0%", "realized savings", "waste", "cheap", "epoch"):
         assert needle in text
     assert isinstance(TABLE, PriceTable)
+
+
+# -- salvaged checkpoints -----------------------------------------------------------
+
+
+def _chain(first: str, second: str, last: str) -> list[Attempt]:
+    """A killed after 1 h (checkpoint at 0.75 h), B resumed it, C resumed B."""
+    a = attempt(first, 3600.0)
+    a.train_seconds = 2700.0
+    b = attempt(second, 1800.0, start=3600.0)
+    b.train_seconds, b.resumed_from = 900.0, a.id
+    c = attempt(last, 1200.0, start=5400.0)
+    c.resumed_from = b.id
+    return [a, b, c]
+
+
+def test_checkpoints_that_reach_a_merged_result_are_salvaged() -> None:
+    a, b, c = _chain("killed", "killed", "merged")
+    assert salvaged_attempts([a, b, c]) == {a.id, b.id}
+    assert salvaged_attempts(_chain("killed", "killed", "failed")) == set()
+    assert salvaged_attempts([a, c]) == set()  # C resumed an attempt not in the list
+
+
+def test_salvaged_training_is_useful_and_the_rest_waste() -> None:
+    s = summary(_chain("killed", "killed", "merged"))
+    # Useful: C's 1200 s + A's 2700 s + B's 900 s kept in checkpoints.
+    assert s["merged_seconds"] == pytest.approx(1200 + 2700 + 900)
+    assert s["waste_seconds"] == pytest.approx(900 + 900)
+    # One merged attempt and its samples; A and B are attempts, not merges.
+    assert s["attempts"] == 3 and s["merged"] == 1 and s["merged_samples"] == 100
+    # Nothing resumed into a merged result: all of A and B is waste.
+    lost = summary(_chain("killed", "killed", "failed"))
+    assert lost["merged_seconds"] == 0
+    assert lost["waste_seconds"] == pytest.approx(3600 + 1800 + 1200)
+
+
+@given(kept=st.floats(0, 10_000), wall=st.floats(0, 10_000))
+@PROPS
+def test_salvage_never_counts_more_than_the_attempt_ran(kept: float, wall: float) -> None:
+    a, b, c = _chain("killed", "killed", "merged")
+    a.train_seconds = kept
+    a.finished_at = a.started_at + timedelta(seconds=wall)
+    s = summary([a, b, c])
+    total = s["merged_seconds"] + s["waste_seconds"]
+    assert total == pytest.approx(wall + 1800 + 1200, abs=1e-6)
+    assert s["waste_seconds"] >= 900 - 1e-6

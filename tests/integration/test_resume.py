@@ -1,0 +1,150 @@
+"""A killed attempt's last checkpoint is where its replacement starts.
+
+The worker is a real process SIGKILLed mid-training (no cluster: the guarantee
+lives in ``run_attempt`` and the ledger). Its replacement must claim the killed
+attempt's base, train only the samples the checkpoint had not seen, and leave
+a result that merges like any other.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from vcdl.assimilator import merge_attempt
+from vcdl.attempt import attempt_seed, load_shard, run_attempt
+from vcdl.config import RunConfig, parse_config
+from vcdl.ledger import Attempt
+from vcdl.runs import prepare_run
+from vcdl.runtime import RunRef
+from vcdl.train import train_attempt
+
+pytestmark = pytest.mark.timeout(120)
+
+WORKER = """
+import sys
+from vcdl.attempt import attempt_seed, load_shard, run_attempt
+from vcdl.runtime import RunRef
+from vcdl.train import train_attempt
+run_attempt(RunRef.model_validate_json(sys.argv[1]), 0, 0)
+"""
+
+
+def make_run(tmp_path: Path, checkpoint_seconds: float) -> tuple[RunRef, RunConfig]:
+    cfg = parse_config(
+        {
+            "run": {"name": "resume", "epochs": 1, "seed": 5},
+            "data": {"name": "mnist1d", "samples": 2000, "shards": 1},
+            "model": {"factory": "cnn1d", "kwargs": {"width": 32}},
+            # Batches of 10 over 1 600 rows, 20 times: long enough to be killed.
+            "train": {"batch_size": 10, "local_epochs": 20},
+            "fault": {"checkpoint_seconds": checkpoint_seconds},
+        }
+    ).with_locations(tmp_path)
+    ref, _, _ = prepare_run(cfg)
+    ref.ledger().ensure_subtasks(ref.run, 0, 1)
+    return ref, cfg
+
+
+def _only(ref: RunRef) -> Attempt:
+    (attempt,) = ref.ledger().attempts(ref.run, 0)
+    return attempt
+
+
+def _kill_after_checkpoints(ref: RunRef, n: int) -> Attempt:
+    """Start a worker process, SIGKILL it once its attempt has ``n`` checkpoints' worth."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-c", WORKER, ref.model_dump_json()], env=env)
+    try:
+        deadline = time.monotonic() + 90
+        seen: set[str] = set()
+        while time.monotonic() < deadline:
+            attempts = ref.ledger().attempts(ref.run, 0)
+            if attempts and attempts[0].checkpoint_uri:
+                seen.add(attempts[0].checkpoint_uri)
+                if len(seen) >= n:
+                    break
+            assert proc.poll() is None, "the worker ended before it was killed"
+            time.sleep(0.02)
+        else:
+            pytest.fail(f"no {n} checkpoints within 90 s")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    return _only(ref)
+
+
+def test_replacement_resumes_from_the_last_checkpoint(tmp_path: Path) -> None:
+    ref, cfg = make_run(tmp_path, checkpoint_seconds=0.3)
+    killed = _kill_after_checkpoints(ref, 2)
+    assert killed.state == "running"  # SIGKILL: nobody recorded its end
+    assert killed.checkpoint_uri is not None and killed.samples and killed.train_seconds
+    planned = 1600 * 20
+    assert 0 < killed.samples < planned
+
+    store = ref.store()
+    checkpoint = store.read_state(killed.checkpoint_uri)
+
+    out = run_attempt(ref, 0, 0, config=cfg)
+    new = ref.ledger().get_attempt(str(out.attempt_id))
+    assert new.resumed_from == killed.id
+    assert new.base_version == killed.base_version
+    # The result has seen the whole shard: the checkpoint's samples and its own.
+    assert out.state == "finished" and out.samples == planned == new.samples
+    # It is exactly the checkpoint trained on the batches it had not seen.
+    data = load_shard(ref, 0, 0, cfg)
+    expected = train_attempt(
+        data.model,
+        checkpoint,
+        data.x,
+        data.y,
+        cfg.train,
+        seed=attempt_seed(cfg.run.seed, 0, 0),
+        start_samples=killed.samples,
+    )
+    assert new.result_uri is not None
+    result = store.read_state(new.result_uri)
+    for k, v in expected.state.items():
+        torch.testing.assert_close(result[k], v, rtol=0, atol=0)
+    # The checkpoints are gone (the result supersedes them); the result merges.
+    assert new.checkpoint_uri is None and not store.exists(killed.checkpoint_uri)
+    assert ref.ledger().get_attempt(killed.id).checkpoint_uri is None
+    outcome = merge_attempt(ref, str(out.attempt_id), cfg)
+    assert outcome.kind == "merged" and outcome.staleness == 0
+
+
+def test_without_checkpoints_the_replacement_starts_over(tmp_path: Path) -> None:
+    ref, cfg = make_run(tmp_path, checkpoint_seconds=0)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-c", WORKER, ref.model_dump_json()], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not ref.ledger().attempts(ref.run, 0) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.5)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    killed = _only(ref)
+    assert killed.checkpoint_uri is None and killed.samples is None
+    cfg_short = cfg.model_copy(update={"train": cfg.train.model_copy(update={"local_epochs": 1})})
+    out = run_attempt(ref, 0, 0, config=cfg_short)
+    assert ref.ledger().get_attempt(str(out.attempt_id)).resumed_from is None
+
+
+def test_an_unreadable_checkpoint_is_not_resumed(tmp_path: Path) -> None:
+    ref, cfg = make_run(tmp_path, checkpoint_seconds=0.3)
+    killed = _kill_after_checkpoints(ref, 1)
+    assert killed.checkpoint_uri is not None
+    ref.store().delete(killed.checkpoint_uri)
+    cfg_short = cfg.model_copy(update={"train": cfg.train.model_copy(update={"local_epochs": 1})})
+    out = run_attempt(ref, 0, 0, config=cfg_short)
+    assert ref.ledger().get_attempt(str(out.attempt_id)).resumed_from is None
+    assert out.samples == 1600
