@@ -21,7 +21,7 @@ from vcdl.data import DatasetInfo, make_digits, make_mnist1d, open_dataset, read
 from vcdl.errors import ConfigError, DataError
 from vcdl.ledger import Evaluation, Run
 from vcdl.models import build_model
-from vcdl.runtime import RunRef, version_path, versions_prefix
+from vcdl.runtime import RunRef, results_prefix, version_path, versions_prefix
 from vcdl.store import WeightStore
 from vcdl.train import evaluate, snapshot
 from vcdl.types import StateDict
@@ -137,14 +137,30 @@ def _check_fits(model_state: StateDict, init_state: StateDict) -> None:
 
 
 def clean_orphans(ref: RunRef) -> list[str]:
-    """Delete version groups the ledger does not name (left by a crash or a lost CAS)."""
+    """Delete groups the ledger does not name; returns their names.
+
+    Version groups left by a crash or a lost CAS, and result and checkpoint
+    groups of workers killed between writing one and recording it. Called by
+    a resuming driver before it submits anything: a worker of the dead
+    driver still running elsewhere may record a result this just deleted,
+    which the merge then rejects as unreadable and the driver reissues.
+    """
     store, ledger = ref.store(), ref.ledger()
-    known = {v.uri.rsplit("/", 1)[-1] for v in ledger.versions(ref.run)}
+    named = {
+        versions_prefix(ref.run): {v.uri.rsplit("/", 1)[-1] for v in ledger.versions(ref.run)},
+        results_prefix(ref.run): {
+            uri.rsplit("/", 1)[-1]
+            for a in ledger.attempts(ref.run)
+            for uri in (a.result_uri, a.checkpoint_uri)
+            if uri
+        },
+    }
     removed = []
-    for name in store.list(versions_prefix(ref.run)):
-        if name not in known:
-            store.delete(f"{versions_prefix(ref.run)}/{name}")
-            removed.append(name)
+    for prefix, known in named.items():
+        for name in store.list(prefix):
+            if name not in known:
+                store.delete(f"{prefix}/{name}")
+                removed.append(name)
     return removed
 
 

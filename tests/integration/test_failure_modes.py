@@ -21,7 +21,7 @@ from vcdl.config import RunConfig, parse_config
 from vcdl.errors import IntegrityError, LeaseHeld
 from vcdl.report import audit_run
 from vcdl.runs import clean_orphans, prepare_run
-from vcdl.runtime import RunRef, versions_prefix
+from vcdl.runtime import RunRef, checkpoint_path, result_path, versions_prefix
 
 
 def make_run(tmp_path: Path, **merge: object) -> tuple[RunRef, RunConfig]:
@@ -36,6 +36,25 @@ def make_run(tmp_path: Path, **merge: object) -> tuple[RunRef, RunConfig]:
     ref, _, _ = prepare_run(cfg)
     ref.ledger().ensure_subtasks(ref.run, 0, 4)
     return ref, cfg
+
+
+def test_groups_written_but_never_recorded_are_orphans(tmp_path: Path) -> None:
+    ref, cfg = make_run(tmp_path)
+    out = run_attempt(ref, 0, 0, config=cfg)
+    ledger, store = ref.ledger(), ref.store()
+    recorded = ledger.get_attempt(str(out.attempt_id)).result_uri
+    assert recorded is not None
+    state = store.read_state(recorded)
+    # A worker killed between writing a group and recording it leaves these.
+    lost = [
+        result_path(ref.run, 0, 1, "a" * 32),
+        checkpoint_path(ref.run, 0, 2, "b" * 32, 100),
+    ]
+    for path in lost:
+        store.write_state(path, state)
+    assert sorted(clean_orphans(ref)) == sorted(p.rsplit("/", 1)[-1] for p in lost)
+    assert store.exists(recorded) and not any(store.exists(p) for p in lost)
+    assert clean_orphans(ref) == []
 
 
 def test_crash_between_version_write_and_head_move(
