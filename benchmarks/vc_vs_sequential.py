@@ -102,11 +102,14 @@ def main() -> None:
         overrides.append(f"run.epochs={args.epochs}")
     cfg = load_config(args.config, overrides)
     runs = []
-    for i in range(args.repeats):
-        with tempfile.TemporaryDirectory(prefix="vcdl-bench-") as tmp:
-            out = compare(cfg, Path(tmp))
-        runs.append(out)
-        print(f"run {i + 1}/{args.repeats}: {json.dumps(out)}", flush=True)
+    # One home for every repeat, each a run of its own: Prefect's temporary
+    # server starts once per process with its database in the first home, so
+    # a home per repeat, deleted after it, took the server's tables with it.
+    with tempfile.TemporaryDirectory(prefix="vcdl-bench-") as tmp:
+        for i in range(args.repeats):
+            out = compare(cfg.updated(run={"name": f"{cfg.run.name}-{i + 1}"}), Path(tmp))
+            runs.append(out)
+            print(f"run {i + 1}/{args.repeats}: {json.dumps(out)}", flush=True)
     med = {
         key: statistics.median(r[key] for r in runs)
         for key in ("gap_points", "vcdl_wall_seconds", "sequential_train_seconds")
