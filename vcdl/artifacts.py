@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from vcdl.cost import salvaged_attempts, training_seconds, useful_training_seconds
 from vcdl.ledger import Attempt, Evaluation, Run, Subtask, Version
 
 PLOT_PATH = "runs/{run}/plots/progress.png"
@@ -30,16 +31,6 @@ def artifact_key(*parts: object) -> str:
     """A Prefect artifact key: lowercase letters, digits and dashes only."""
     text = "-".join(str(p) for p in parts).lower()
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", text)).strip("-")
-
-
-def _attempt_seconds(a: Attempt) -> float:
-    # Killed attempts never report their training time: wall time to when the
-    # driver recorded the loss, an upper bound (as vcdl.report does).
-    if a.train_seconds is not None:
-        return a.train_seconds
-    if a.finished_at is not None:
-        return (a.finished_at - a.started_at).total_seconds()
-    return 0.0
 
 
 def epoch_metrics(
@@ -54,8 +45,8 @@ def epoch_metrics(
 
     Columns: epoch, test accuracy and loss (the epoch's evaluation on the test
     split), merges, reissues (attempts beyond the first), rejections, mean
-    staleness of the epoch's versions, goodput (training seconds of merged
-    attempts / all training seconds), head version, and the wall time from
+    staleness of the epoch's versions, goodput (training seconds that reached
+    a merged version / all training seconds, :mod:`vcdl.cost`), head version, and the wall time from
     ``started`` (the run's creation) to the epoch's evaluation. With
     ``costs`` (the ``history`` of :func:`vcdl.cost.cost_summary`), also the
     epoch's spot cost and the part of it wasted (``cost_usd``, ``waste_usd``).
@@ -67,12 +58,12 @@ def epoch_metrics(
     states: dict[int, Counter[str]] = defaultdict(Counter)
     spent: dict[int, float] = defaultdict(float)
     useful: dict[int, float] = defaultdict(float)
+    attempts = list(attempts)
+    salvaged = salvaged_attempts(attempts)
     for a in attempts:
         states[a.epoch][a.state] += 1
-        t = _attempt_seconds(a)
-        spent[a.epoch] += t
-        if a.state == "merged":
-            useful[a.epoch] += t
+        spent[a.epoch] += training_seconds(a)
+        useful[a.epoch] += useful_training_seconds(a, salvaged)
     stale: dict[int, list[int]] = defaultdict(list)
     last_version: dict[int, int] = {}
     for v in versions:

@@ -239,7 +239,9 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
     mean_stale = summary.get("mean_staleness")
     goodput = summary.get("goodput")
     print(
-        f"kills {summary.get('kills', 0)}, reissues {summary.get('reissues', 0)}, "
+        f"kills {summary.get('kills', 0)}, resumed from a checkpoint "
+        f"{summary.get('resumed', 0)} ({summary.get('salvaged_seconds', 0.0):.1f} s of "
+        f"training salvaged), reissues {summary.get('reissues', 0)}, "
         f"rejections {summary.get('rejections', 0)}, duplicates {summary.get('duplicates', 0)}, "
         f"mean staleness {f'{mean_stale:.2f}' if mean_stale is not None else '-'}, "
         f"goodput {f'{goodput:.1%}' if goodput is not None else '-'}"

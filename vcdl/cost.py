@@ -315,6 +315,39 @@ def salvaged_attempts(attempts: Iterable[Attempt]) -> set[str]:
     return salvaged
 
 
+def training_seconds(attempt: Attempt) -> float:
+    """Seconds an attempt spent training, as goodput counts them.
+
+    Its ``train_seconds``; for one killed or timed out (whose
+    ``train_seconds``, if any, reach only its last checkpoint) and for one
+    that never reported them, its wall time to when its end was recorded,
+    an upper bound.
+    """
+    wall = (
+        (attempt.finished_at - attempt.started_at).total_seconds()
+        if attempt.finished_at is not None
+        else None
+    )
+    if attempt.state in ("killed", "timeout") and wall is not None:
+        return max(0.0, wall)
+    if attempt.train_seconds is not None:
+        return attempt.train_seconds
+    return max(0.0, wall) if wall is not None else 0.0
+
+
+def useful_training_seconds(attempt: Attempt, salvaged: set[str]) -> float:
+    """The part of :func:`training_seconds` that reached a merged version.
+
+    All of a merged attempt's; the checkpointed training of one in
+    ``salvaged`` (:func:`salvaged_attempts`); nothing of any other.
+    """
+    if attempt.state == "merged":
+        return training_seconds(attempt)
+    if attempt.id in salvaged:
+        return min(attempt.train_seconds or 0.0, training_seconds(attempt))
+    return 0.0
+
+
 def outcome(state: str, run_ended: bool) -> str:
     """``"useful"``, ``"waste"`` or ``"pending"`` for an attempt in ``state``."""
     if state in USEFUL_STATES:

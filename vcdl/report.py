@@ -11,6 +11,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from vcdl.config import RunConfig
+from vcdl.cost import salvaged_attempts, training_seconds, useful_training_seconds
 from vcdl.errors import StoreError
 from vcdl.ledger import Attempt, Ledger, attempt_timings
 from vcdl.runtime import RunRef
@@ -58,18 +59,9 @@ def run_status(ledger: Ledger, name: str) -> dict[str, Any]:
             }
         )
     counts = Counter(a.state for a in attempts)
-    # Killed attempts never report their training time: count their wall time
-    # from start to when the driver recorded the loss, an upper bound.
-    spent = [
-        a.train_seconds
-        if a.train_seconds is not None
-        else (a.finished_at - a.started_at).total_seconds()
-        if a.finished_at is not None
-        else 0.0
-        for a in attempts
-    ]
-    trained = sum(spent)
-    merged_seconds = sum(t for a, t in zip(attempts, spent, strict=True) if a.state == "merged")
+    salvaged = salvaged_attempts(attempts)
+    trained = sum(training_seconds(a) for a in attempts)
+    useful = sum(useful_training_seconds(a, salvaged) for a in attempts)
     all_stale = [v.staleness for v in versions if v.staleness is not None]
     return {
         "run": name,
@@ -89,7 +81,11 @@ def run_status(ledger: Ledger, name: str) -> dict[str, Any]:
         "rejections": counts.get("rejected", 0),
         "duplicates": counts.get("duplicate", 0),
         "mean_staleness": sum(all_stale) / len(all_stale) if all_stale else None,
-        "goodput": merged_seconds / trained if trained else None,
+        "resumed": sum(1 for a in attempts if a.resumed_from),
+        "salvaged_seconds": sum(
+            useful_training_seconds(a, salvaged) for a in attempts if a.id in salvaged
+        ),
+        "goodput": useful / trained if trained else None,
         "phases": phase_means(attempts),
         "created_at": run.created_at.isoformat(),
         "updated_at": run.updated_at.isoformat(),

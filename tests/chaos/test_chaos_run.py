@@ -129,6 +129,8 @@ def test_chaos_run_matches_fault_free(prefect_api: None, tmp_path: Path) -> None
                 for k in (
                     "attempts",
                     "kills",
+                    "resumed",
+                    "salvaged_seconds",
                     "reissues",
                     "rejections",
                     "duplicates",

@@ -24,6 +24,8 @@ from vcdl.cost import (
     outcome,
     parse_prices,
     salvaged_attempts,
+    training_seconds,
+    useful_training_seconds,
 )
 from vcdl.errors import ConfigError
 from vcdl.ledger import ATTEMPT_STATES, Attempt
@@ -337,3 +339,20 @@ def test_salvage_never_counts_more_than_the_attempt_ran(kept: float, wall: float
     total = s["merged_seconds"] + s["waste_seconds"]
     assert total == pytest.approx(wall + 1800 + 1200, abs=1e-6)
     assert s["waste_seconds"] >= 900 - 1e-6
+
+
+def test_goodput_seconds_of_killed_merged_and_salvaged_attempts() -> None:
+    a, b, c = _chain("killed", "killed", "merged")
+    c.train_seconds = 1000.0
+    salvaged = salvaged_attempts([a, b, c])
+    # Killed: the wall time to the recorded end, not the checkpoint's seconds.
+    assert training_seconds(a) == 3600.0 and training_seconds(b) == 1800.0
+    assert training_seconds(c) == 1000.0  # reported: its training loop
+    assert useful_training_seconds(a, salvaged) == 2700.0
+    assert useful_training_seconds(b, salvaged) == 900.0
+    assert useful_training_seconds(c, salvaged) == 1000.0
+    # Not salvaged (nothing merged from it): none of it is useful.
+    assert useful_training_seconds(a, set()) == 0.0
+    # Never finished, never reported: nothing known.
+    running = attempt("running", None)
+    assert training_seconds(running) == 0.0
