@@ -60,12 +60,13 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
 
 
 def test_chaos_run_matches_fault_free(prefect_api: None, tmp_path: Path) -> None:
-    # Three local epochs per attempt: the run lasts long enough (~2 min) for
-    # the Poisson schedule to land ten kills; with fewer it trained so fast
-    # that fewer did (11 with two, at the rate below).
-    # Checkpoints every 0.1 s of training: an attempt trains ~0.3 s, so a
-    # kill mid-attempt usually leaves one for the replacement to resume.
-    longer = ["train.local_epochs=3", "fault.checkpoint_seconds=0.1"]
+    # Four local epochs per attempt: the run lasts long enough for the
+    # Poisson schedule to land ten kills. Runs got faster round by round and
+    # fewer kills landed: 11 with two local epochs, and with three, 17
+    # locally but 9 in one CI run once attempts read their rows ahead.
+    # Checkpoints every 0.1 s of training: an attempt trains ~1 s, so a kill
+    # mid-attempt usually leaves one for the replacement to resume.
+    longer = ["train.local_epochs=4", "fault.checkpoint_seconds=0.1"]
     reference = api.train(
         load_config(EXAMPLE, ["run.name=fault-free", *longer]), home=tmp_path / "ff"
     )
@@ -73,9 +74,10 @@ def test_chaos_run_matches_fault_free(prefect_api: None, tmp_path: Path) -> None
 
     home = tmp_path / "chaos"
     log = home / "chaos.jsonl"
-    # One event every ~3 s (at one every 4 s only 8 kills landed in a CI run
-    # once workers came back in ~0.15 s and the epoch barrier shrank).
-    chaos = ["--preempt", "0.35", "--preempt-notices", "0.3", "--preempt-grace", "2"]
+    # One event every ~2 s (at one every 4 s only 8 kills landed in a CI run
+    # once workers came back in ~0.15 s and the epoch barrier shrank; at one
+    # every ~3 s, 9 once).
+    chaos = ["--preempt", "0.5", "--preempt-notices", "0.3", "--preempt-grace", "2"]
     driver = _vcdl(
         home,
         "train",
