@@ -481,7 +481,7 @@ def run_vcdl(
 ) -> dict[str, Any]:
     """A vcdl run on its own LocalCluster; with ``events``, its worker processes are SIGKILLed."""
     from vcdl import api
-    from vcdl.cost import cost_report, salvaged_attempts
+    from vcdl.cost import cost_report, salvaged_attempts, useful_training_seconds
     from vcdl.data import import_npz
     from vcdl.runs import load_version
     from vcdl.runtime import RunRef, open_store
@@ -523,7 +523,7 @@ def run_vcdl(
     # part of killed attempts a merged one resumed.
     salvaged = salvaged_attempts(attempts)
     useful = [a for a in attempts if a.state == "merged" or a.id in salvaged]
-    recorded = [a.train_seconds for a in useful if a.train_seconds is not None]
+    recorded = [useful_training_seconds(a, salvaged) for a in useful if a.train_seconds is not None]
     states = [
         (v.created_at.timestamp() - t0, lambda n=v.number: load_version(ref, n)[1])
         for v in versions
@@ -539,7 +539,7 @@ def run_vcdl(
         "attempts_with_train_seconds": len(recorded),
         "resumed": sum(1 for a in attempts if a.resumed_from),
         "salvaged_seconds": round(
-            sum(a.train_seconds or 0.0 for a in useful if a.id in salvaged), 2
+            sum(useful_training_seconds(a, salvaged) for a in useful if a.id in salvaged), 2
         ),
         "attempt_states": {
             s: sum(a.state == s for a in attempts) for s in {a.state for a in attempts}

@@ -43,6 +43,7 @@ from vcdl.assimilator import MERGEABLE_ATTEMPT_STATES, HeadCache, merge_attempt
 from vcdl.attempt import (
     TERMINAL_SUBTASK_STATES,
     ShardData,
+    drop_checkpoint,
     load_shard,
     run_attempt,
     training_slot,
@@ -474,9 +475,7 @@ class EpochDriver:
         done = {s.id for s in subtasks if s.state in TERMINAL_SUBTASK_STATES}
         for a in self.ledger.attempts(self.ref.run):
             if a.checkpoint_uri is not None and a.subtask_id in done:
-                uri = self.ledger.clear_checkpoint(a.id)
-                if uri is not None:
-                    store.delete(uri)
+                drop_checkpoint(self.ref, a.id)
             if a.state in MERGEABLE_ATTEMPT_STATES and a.subtask_id in merged:
                 self.ledger.finish_attempt(
                     a.id, state="duplicate", reason="subtask merged from another attempt"

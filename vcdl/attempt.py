@@ -216,8 +216,8 @@ def resume_point(store: WeightStore, earlier: list[Attempt]) -> tuple[Attempt, S
     return None
 
 
-def _drop_checkpoint(ref: RunRef, attempt_id: str) -> None:
-    """Forget and delete an attempt's checkpoint (its result or a resumer's supersedes it)."""
+def drop_checkpoint(ref: RunRef, attempt_id: str) -> None:
+    """Forget and delete an attempt's checkpoint (a result or a resumer superseded it)."""
     uri = ref.ledger().clear_checkpoint(attempt_id)
     if uri is not None:
         ref.store().delete(uri)
@@ -362,16 +362,16 @@ def run_attempt(
         _UNMERGED[ref.run] = attempt.id
         # The result supersedes the checkpoints it grew from.
         if own_checkpoint:
-            _drop_checkpoint(ref, attempt.id)
+            drop_checkpoint(ref, attempt.id)
         if resume is not None:
-            _drop_checkpoint(ref, resume[0].id)
+            drop_checkpoint(ref, resume[0].id)
     except BaseException as exc:
         # Record the failure while the process is alive; a SIGKILL never gets
         # here, which is what attempt deadlines are for.
         try:
             ledger.finish_attempt(attempt.id, state="failed", reason=f"{type(exc).__name__}: {exc}")
             if own_checkpoint:  # a failed attempt is not resumed
-                _drop_checkpoint(ref, attempt.id)
+                drop_checkpoint(ref, attempt.id)
         finally:
             raise
     return AttemptOutcome(

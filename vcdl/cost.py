@@ -456,9 +456,8 @@ def cost_summary(
         if is_estimate:
             estimated += seconds
         result = outcome(a.state, run_ended)
-        kept = (
-            min(seconds, a.train_seconds or 0.0) if a.id in salvaged and result != "useful" else 0.0
-        )
+        # A salvaged attempt's checkpointed training is useful, the rest of it waste.
+        kept = min(seconds, useful_training_seconds(a, salvaged)) if result != "useful" else 0.0
         for tally in (run, per_epoch[a.epoch], per_type[kind]):
             tally.add(result, seconds - kept, price, a.samples)
             if kept:
