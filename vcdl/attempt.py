@@ -197,9 +197,11 @@ def load_shard(ref: RunRef, epoch: int, shard: int, config: RunConfig | None = N
 def resume_point(store: WeightStore, earlier: list[Attempt]) -> tuple[Attempt, StateDict] | None:
     """The furthest checkpoint an unfinished attempt of this subtask left, read and verified.
 
-    ``earlier``: the subtask's attempts so far. A "running" one is dead (Dask
-    re-runs a task only when its worker died) or given up on by the driver
-    (past its deadline, then "timeout"); "killed" ones are dead. Their
+    ``earlier``: the subtask's attempts so far. A "running" one belongs to a
+    worker Dask gave up on (dead, or leaving under a preemption notice while
+    its thread still finishes: it may then record a result too, and one of
+    the two is a duplicate) or to one the driver gave up on (past its
+    deadline, then "timeout"); "killed" ones are dead. Their
     checkpoints are durable: resuming from one loses only the training after
     it. A checkpoint deleted meanwhile (its attempt wrote a newer one) or
     failing its checksums is passed over; None means start over.

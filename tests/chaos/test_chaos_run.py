@@ -163,11 +163,14 @@ def test_chaos_run_matches_fault_free(prefect_api: None, tmp_path: Path) -> None
             checked += 1
     print(f"killed attempts billed to their worker's death: {checked}")
     # Killed attempts that left a checkpoint were resumed, from their own base.
+    # The source was running when its replacement started; it may have gone
+    # on (a worker leaving under a notice finishes its attempt while Dask
+    # already re-runs the task) and ended finished, duplicate or merged.
     attempts = {a.id: a for a in Ledger(ledger_url).attempts("chaos")}
     resumed = [a for a in attempts.values() if a.resumed_from]
     for a in resumed:
         source = attempts[a.resumed_from or ""]
-        assert source.state in ("killed", "timeout"), source
+        assert source.number < a.number, (source, a)
         assert (source.epoch, source.shard, source.base_version) == (
             a.epoch,
             a.shard,
