@@ -33,14 +33,27 @@ pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(1800)]
 
 
 def _vcdl(home: Path, *args: str) -> subprocess.Popen[bytes]:
+    """Start the CLI with its output in ``home/<command>.log``.
+
+    A file, not a pipe: nobody reads a pipe while the driver runs, and once
+    its 64 KiB filled (every worker restart is logged) the driver's Dask IO
+    loop blocked in a console write and the run stalled (seen in CI).
+    """
     env = dict(os.environ, PREFECT_HOME=str(home / "prefect"), VCDL_HOME=str(home))
-    return subprocess.Popen(
-        [sys.executable, "-m", "vcdl.cli", *args, "--home", str(home)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # so the test can reap a killed driver's workers
-    )
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / f"{args[0]}.log", "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "vcdl.cli", *args, "--home", str(home)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # so the test can reap a killed driver's workers
+        )
+
+
+def _tail(home: Path, command: str) -> str:
+    log = home / f"{command}.log"
+    return log.read_text(errors="replace")[-3000:] if log.exists() else ""
 
 
 def _events(log: Path) -> dict[str, int]:
@@ -93,14 +106,14 @@ def test_chaos_run_matches_fault_free(prefect_api: None, tmp_path: Path) -> None
     deadline = time.monotonic() + 900
     try:
         while time.monotonic() < deadline:
-            assert driver.poll() is None, driver.stdout.read().decode() if driver.stdout else ""
+            assert driver.poll() is None, _tail(home, "train")
             if (home / "ledger.db").exists():
                 run = Ledger(ledger_url).find_run("chaos")
                 if run is not None and run.epochs_completed >= 4:
                     break
             time.sleep(1)
         else:
-            pytest.fail("the chaos run did not reach epoch 4 in time")
+            pytest.fail(f"the chaos run did not reach epoch 4 in time:\n{_tail(home, 'train')}")
         driver.send_signal(signal.SIGKILL)  # the driver dies mid-run, no cleanup
         driver.wait(30)
     finally:
@@ -112,12 +125,12 @@ def test_chaos_run_matches_fault_free(prefect_api: None, tmp_path: Path) -> None
         home, "resume", "chaos", *chaos, "--preempt-seed", "7", "--preempt-log", str(log)
     )
     try:
-        out, _ = resumed.communicate(timeout=900)
+        resumed.wait(timeout=900)
     finally:
         _reap(resumed)
-    text = out.decode()
-    print(text[-3000:])
-    assert resumed.returncode == 0, text[-3000:]
+    text = _tail(home, "resume")
+    print(text)
+    assert resumed.returncode == 0, text
 
     status = api.status("chaos", home=home)
     counts = _events(log)
