@@ -280,7 +280,7 @@ def run_attempt(
         t = time.perf_counter()
         if resume is not None:
             source, base = resume
-            ledger.mark_resumed(attempt.id, source.id)
+            ledger.mark_resumed(attempt.id, source.id, source.train_seconds)
             start_samples = source.samples or 0
             timings["read"] = resumed + time.perf_counter() - t
         else:

@@ -297,21 +297,29 @@ def attempt_seconds(attempt: Attempt, until: datetime) -> tuple[float, bool]:
     return max(0.0, (end - attempt.started_at).total_seconds()), estimated
 
 
-def salvaged_attempts(attempts: Iterable[Attempt]) -> set[str]:
-    """Ids of unmerged attempts whose checkpoint went into a merged result.
+def salvaged_attempts(attempts: Iterable[Attempt]) -> dict[str, float]:
+    """Unmerged attempts whose checkpoint went into a merged result, and its seconds.
 
     Follows ``resumed_from`` back from every merged attempt: A resumed by B
-    resumed by C, merged, salvages A and B.
+    resumed by C, merged, salvages A and B. Each source maps to the training
+    its resumer read from the checkpoint (``resumed_seconds``), not to what
+    it recorded later: a source that lived on (a worker leaving under a
+    notice finishes its attempt) trained past the checkpoint for nothing.
+    Resumes recorded before that column fall back to the source's seconds.
     """
     by_id = {a.id: a for a in attempts}
-    salvaged: set[str] = set()
+    salvaged: dict[str, float] = {}
     for a in by_id.values():
         if a.state != "merged":
             continue
-        source = a.resumed_from
-        while source is not None and source not in salvaged and source in by_id:
-            salvaged.add(source)
-            source = by_id[source].resumed_from
+        resumer = a
+        while resumer.resumed_from is not None and resumer.resumed_from in by_id:
+            source = by_id[resumer.resumed_from]
+            if source.id in salvaged:
+                break
+            seconds = resumer.resumed_seconds
+            salvaged[source.id] = seconds if seconds is not None else (source.train_seconds or 0.0)
+            resumer = source
     return salvaged
 
 
@@ -335,16 +343,17 @@ def training_seconds(attempt: Attempt) -> float:
     return max(0.0, wall) if wall is not None else 0.0
 
 
-def useful_training_seconds(attempt: Attempt, salvaged: set[str]) -> float:
+def useful_training_seconds(attempt: Attempt, salvaged: Mapping[str, float]) -> float:
     """The part of :func:`training_seconds` that reached a merged version.
 
-    All of a merged attempt's; the checkpointed training of one in
-    ``salvaged`` (:func:`salvaged_attempts`); nothing of any other.
+    All of a merged attempt's; for one in ``salvaged``
+    (:func:`salvaged_attempts`), the training its resumer took over from the
+    checkpoint; nothing of any other.
     """
     if attempt.state == "merged":
         return training_seconds(attempt)
     if attempt.id in salvaged:
-        return min(attempt.train_seconds or 0.0, training_seconds(attempt))
+        return min(salvaged[attempt.id], training_seconds(attempt))
     return 0.0
 
 

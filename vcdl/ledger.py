@@ -477,7 +477,7 @@ class Ledger:
                 | {"subtask_id": subtask_id, "number": number, "base_version": base}
                 | {"state": "running", "finished_at": None, "reason": None, "result_uri": None}
                 | {"samples": None, "loss": None, "train_seconds": None, "timings": None}
-                | {"checkpoint_uri": None, "resumed_from": None},
+                | {"checkpoint_uri": None, "resumed_from": None, "resumed_seconds": None},
             )
 
         if self._pg is not None:
@@ -613,11 +613,17 @@ class Ledger:
 
         return self._db.single(tx)
 
-    def mark_resumed(self, attempt_id: str, source_id: str) -> None:
-        """Record that attempt ``attempt_id`` started from ``source_id``'s checkpoint."""
+    def mark_resumed(self, attempt_id: str, source_id: str, seconds: float | None) -> None:
+        """Record that attempt ``attempt_id`` started from ``source_id``'s checkpoint.
+
+        ``seconds``: the checkpoint's ``train_seconds`` as read, the training
+        of the source that the resumer salvages.
+        """
         self._db.single(
             lambda c: c.execute(
-                update(_ATT).where(_ATT.c.id == attempt_id).values(resumed_from=source_id)
+                update(_ATT)
+                .where(_ATT.c.id == attempt_id)
+                .values(resumed_from=source_id, resumed_seconds=seconds)
             )
         )
 

@@ -144,8 +144,11 @@ class Attempt(SQLModel, table=True):
     # and train_seconds are updated with it): where a replacement resumes if
     # this attempt dies. Cleared once a result supersedes it.
     checkpoint_uri: str | None = None
-    # The attempt whose checkpoint this one started from, if any.
+    # The attempt whose checkpoint this one started from, if any, and that
+    # checkpoint's train_seconds when it was read: the source's training this
+    # attempt salvaged (the source may have lived on and recorded more).
     resumed_from: str | None = None
+    resumed_seconds: float | None = None
 
 
 class Version(SQLModel, table=True):

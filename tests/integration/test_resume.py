@@ -95,6 +95,7 @@ def test_replacement_resumes_from_the_last_checkpoint(tmp_path: Path) -> None:
     out = run_attempt(ref, 0, 0, config=cfg)
     new = ref.ledger().get_attempt(str(out.attempt_id))
     assert new.resumed_from == killed.id
+    assert new.resumed_seconds == killed.train_seconds  # the training it took over
     assert new.base_version == killed.base_version
     # The result has seen the whole shard: the checkpoint's samples and its own.
     assert out.state == "finished" and out.samples == planned == new.samples

@@ -311,9 +311,25 @@ def _chain(first: str, second: str, last: str) -> list[Attempt]:
 
 def test_checkpoints_that_reach_a_merged_result_are_salvaged() -> None:
     a, b, c = _chain("killed", "killed", "merged")
-    assert salvaged_attempts([a, b, c]) == {a.id, b.id}
-    assert salvaged_attempts(_chain("killed", "killed", "failed")) == set()
-    assert salvaged_attempts([a, c]) == set()  # C resumed an attempt not in the list
+    # Recorded before resumed_seconds: each source's own checkpointed seconds.
+    assert salvaged_attempts([a, b, c]) == {a.id: 2700.0, b.id: 900.0}
+    assert salvaged_attempts(_chain("killed", "killed", "failed")) == {}
+    assert salvaged_attempts([a, c]) == {}  # C resumed an attempt not in the list
+
+
+def test_a_source_that_lived_on_is_salvaged_only_up_to_the_checkpoint_read() -> None:
+    # A worker leaving under a notice went on training after B had resumed
+    # its checkpoint at 1000 s, then recorded all 3000 s and ended duplicate.
+    a = attempt("duplicate", 3600.0)
+    a.train_seconds = 3000.0
+    b = attempt("merged", 1800.0, start=1200.0)
+    b.train_seconds, b.resumed_from, b.resumed_seconds = 1700.0, a.id, 1000.0
+    salvaged = salvaged_attempts([a, b])
+    assert salvaged == {a.id: 1000.0}
+    assert useful_training_seconds(a, salvaged) == 1000.0
+    s = summary([a, b])
+    assert s["merged_seconds"] == pytest.approx(1800 + 1000)
+    assert s["waste_seconds"] == pytest.approx(3600 - 1000)
 
 
 def test_salvaged_training_is_useful_and_the_rest_waste() -> None:
@@ -352,7 +368,7 @@ def test_goodput_seconds_of_killed_merged_and_salvaged_attempts() -> None:
     assert useful_training_seconds(b, salvaged) == 900.0
     assert useful_training_seconds(c, salvaged) == 1000.0
     # Not salvaged (nothing merged from it): none of it is useful.
-    assert useful_training_seconds(a, set()) == 0.0
+    assert useful_training_seconds(a, {}) == 0.0
     # Never finished, never reported: nothing known.
     running = attempt("running", None)
     assert training_seconds(running) == 0.0
