@@ -15,6 +15,7 @@ never names — never a torn head. Exactly-once comes from the ledger's unique
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
@@ -23,12 +24,16 @@ from vcdl.config import RunConfig
 from vcdl.errors import AlreadyMerged, HeadConflict, IntegrityError, StoreNotFoundError
 from vcdl.ledger import Attempt, Version
 from vcdl.merge import output_problem, staleness_alpha, validate_result, validated_vc_asgd
+from vcdl.merge_delta import validated_delta
 from vcdl.runtime import RunRef, version_path
 from vcdl.schedules import alpha_schedule
 from vcdl.types import StateDict
 
 MergeKind = Literal["merged", "duplicate", "rejected", "skipped"]
 MERGEABLE_ATTEMPT_STATES = frozenset({"finished", "interrupted"})
+# Versions kept in memory for the delta rule's bases: with W workers a
+# result is usually at most W - 1 versions stale; older bases are read back.
+DELTA_KEEP = 4
 
 
 @dataclass
@@ -62,17 +67,24 @@ class HeadCache:
     the states it loaded and the ones :meth:`merge` produced; a state handed
     to :meth:`put` by a caller is owned only with ``owned=True``, and is
     otherwise never written to. A state returned by :meth:`get` stays
-    unchanged until two more versions have been put (it is then recycled);
-    copy it to keep it longer. Costs one extra state of memory (the spare)
-    between merges; the peak during a merge (head, result, output) is
-    unchanged.
+    unchanged until ``keep + 2`` more versions have been put (it is then
+    recycled); copy it to keep it longer. Costs one extra state of memory
+    (the spare) between merges; the peak during a merge (head, result,
+    output) is unchanged.
+
+    ``keep``: how many displaced heads to hold as well, for the ``delta``
+    rule, whose results name their base: with a few workers nearly every
+    base is one of the last versions, so they are in memory rather than
+    read back from the store (``keep`` more states of memory).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = 0) -> None:
         self.number: int | None = None
         self.state: StateDict | None = None
         self._owned = False
         self._spare: StateDict | None = None
+        self._keep = keep
+        self._recent: OrderedDict[int, tuple[StateDict, bool]] = OrderedDict()
 
     def get(self, version: Version, load: Callable[[str], StateDict]) -> StateDict:
         if self.number == version.number and self.state is not None:
@@ -81,11 +93,26 @@ class HeadCache:
         self.put(version.number, state, owned=True)
         return state
 
+    def base(self, version: Version, load: Callable[[str], StateDict]) -> StateDict:
+        """The weights of ``version`` (a result's base): the head, a kept one, or loaded."""
+        if self.number == version.number and self.state is not None:
+            return self.state
+        kept = self._recent.get(version.number)
+        return kept[0] if kept is not None else load(version.uri)
+
     def put(self, number: int, state: StateDict, owned: bool = False) -> None:
         """Make ``state`` the cached head; ``owned`` lets the cache recycle it later."""
-        old, old_owned = self.state, self._owned
+        old, old_owned, old_number = self.state, self._owned, self.number
         self.number, self.state, self._owned = number, state, owned
-        if old is not None and old_owned and old is not state:
+        if old is None or old is state or old_number is None:
+            return
+        if self._keep > 0:
+            self._recent[old_number] = (old, old_owned)
+            self._recent.pop(number, None)
+            if len(self._recent) <= self._keep:
+                return
+            _, (old, old_owned) = self._recent.popitem(last=False)
+        if old_owned:
             self._spare = old
 
     def merge(
@@ -94,20 +121,32 @@ class HeadCache:
         result: StateDict,
         alpha: float,
         max_update_norm: float | None = None,
+        base: StateDict | None = None,
     ) -> StateDict | str:
         """Validate ``result`` and merge it (:func:`~vcdl.merge.validated_vc_asgd`).
 
-        Returns the new state, written into the spare state's tensors when
-        they fit (put it with ``owned=True`` so it is recycled in turn), or
-        the reason to reject the result.
+        With ``base``, the ``delta`` rule instead
+        (:func:`~vcdl.merge_delta.validated_delta`): the result's change from
+        ``base`` is added to ``head``. Returns the new state, written into
+        the spare state's tensors when they fit (put it with ``owned=True``
+        so it is recycled in turn), or the reason to reject the result.
         """
         spare, self._spare = self._spare, None
-        if spare is not None and output_problem(spare, head, result) is not None:
+        inputs = (result,) if base is None else (result, base)
+        if spare is not None and output_problem(spare, head, *inputs) is not None:
             spare = None  # another architecture, or it overlaps an input: allocate
-        merged = validated_vc_asgd(head, result, alpha, max_update_norm, out=spare)
+        if base is None:
+            merged = validated_vc_asgd(head, result, alpha, max_update_norm, out=spare)
+        else:
+            merged = validated_delta(head, result, base, alpha, max_update_norm, out=spare)
         if isinstance(merged, str):
             self._spare = spare  # rejected: the buffers are still ours to reuse
         return merged
+
+
+def head_cache(cfg: RunConfig) -> HeadCache:
+    """The cache a run's merger needs: with recent bases kept for the ``delta`` rule."""
+    return HeadCache(keep=DELTA_KEEP if cfg.merge.rule == "delta" else 0)
 
 
 def merge_alpha(cfg: RunConfig, epoch: int, staleness: int, merged_in_epoch: int) -> float | None:
@@ -150,7 +189,7 @@ def merge_attempt(
 ) -> MergeOutcome:
     """Merge one attempt's result into the head, at most once."""
     ledger, store = ref.ledger(), ref.store()
-    cache = cache if cache is not None else HeadCache()
+    cache = cache if cache is not None else head_cache(cfg)
     timings: dict[str, float] = {}
     attempt = ledger.get_attempt(attempt_id)
     if attempt.state not in MERGEABLE_ATTEMPT_STATES or attempt.result_uri is None:
@@ -193,9 +232,16 @@ def merge_attempt(
             fraction = min(1.0, attempt.samples / planned)
             blend_alpha = 1.0 - (1.0 - alpha) * fraction
 
+        base = None
+        if cfg.merge.rule == "delta":
+            t = time.perf_counter()
+            base_row = ledger.get_version(ref.run, attempt.base_version)
+            base = cache.base(base_row, store.read_state)
+            timings["read_base"] = timings.get("read_base", 0.0) + time.perf_counter() - t
+
         # The merge phase: validation (NaN/Inf, norm bound) fused with the blend.
         t = time.perf_counter()
-        merged = cache.merge(head, result, blend_alpha, cfg.merge.max_update_norm)
+        merged = cache.merge(head, result, blend_alpha, cfg.merge.max_update_norm, base=base)
         timings["merge"] = timings.get("merge", 0.0) + time.perf_counter() - t
         if isinstance(merged, str):
             return _reject(ref, attempt, merged, timings)

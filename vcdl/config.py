@@ -94,9 +94,11 @@ class TrainSection(_Section):
 
 
 class MergeSection(_Section):
-    rule: Literal["vc_asgd", "average"] = Field(
+    rule: Literal["vc_asgd", "delta", "average"] = Field(
         "vc_asgd",
-        description="vc_asgd: W <- a*W + (1-a)*W_worker as results arrive. average: every "
+        description="vc_asgd: W <- a*W + (1-a)*W_worker as results arrive. delta: "
+        "W <- W + (1-a)*(W_worker - W_base), the worker's own change from the version it "
+        "started from (stale results no longer pull the head back). average: every "
         "shard of an epoch starts from the epoch's first version and the epoch's results "
         "are averaged (synchronous baseline).",
     )

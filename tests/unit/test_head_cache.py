@@ -120,3 +120,43 @@ def test_a_rejected_result_keeps_the_spare() -> None:
     assert isinstance(reason, str) and "NaN" in reason
     (v2,) = chain(cache, state(2.0), 1)
     assert ptrs(v2) == ptrs(v0)  # the spare survived the rejection
+
+
+def test_kept_versions_serve_as_bases_and_are_recycled_after_them() -> None:
+    loads: list[str] = []
+
+    def load(uri: str) -> StateDict:
+        loads.append(uri)
+        return state(-1.0)
+
+    cache = HeadCache(keep=2)
+    v0 = state(0.0)
+    cache.put(0, v0, owned=True)
+    v1, v2, v3 = chain(cache, state(8.0), 3)
+    # Head v3; v2 and v1 kept; v0 went to the spare when v3 was put.
+    assert cache.base(_Row(3, "v3"), load) is v3  # type: ignore[arg-type]
+    assert cache.base(_Row(2, "v2"), load) is v2  # type: ignore[arg-type]
+    assert cache.base(_Row(1, "v1"), load) is v1  # type: ignore[arg-type]
+    assert loads == []
+    assert torch.equal(cache.base(_Row(0, "v0"), load)["w"], torch.full((3, 2), -1.0))  # type: ignore[arg-type]
+    assert loads == ["v0"]
+    kept = copy(v1)
+    (v4,) = chain(cache, state(8.0), 1)
+    assert ptrs(v4) == ptrs(v0)  # the spare: never a kept base
+    assert all(torch.equal(v1[k], kept[k]) for k in v1)  # v1 is the spare now
+    (v5,) = chain(cache, state(8.0), 1)
+    assert ptrs(v5) == ptrs(v1)
+
+
+def test_a_delta_merge_never_writes_into_its_base() -> None:
+    cache = HeadCache()
+    v0 = state(0.0)
+    cache.put(0, v0, owned=True)
+    (v1,) = chain(cache, state(8.0), 1)
+    result = state(2.0)
+    # The spare is v0's memory (keep=0); with v0 as the base it must not be written.
+    new = cache.merge(v1, result, 0.5, base=v0)
+    assert isinstance(new, dict)
+    assert ptrs(new).isdisjoint(ptrs(v0))
+    assert torch.equal(v0["w"], torch.zeros(3, 2))
+    assert torch.equal(new["w"], torch.full((3, 2), 5.0))  # 4 + 0.5 * (2 - 0)
