@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from vcdl.assimilator import MERGEABLE_ATTEMPT_STATES
+from vcdl.checkpoints import CheckpointWriter
 from vcdl.config import RunConfig
 from vcdl.data import open_dataset, read_rows, shard_indices
 from vcdl.errors import IntegrityError, LedgerError, StoreNotFoundError
@@ -225,6 +226,15 @@ def drop_checkpoint(ref: RunRef, attempt_id: str) -> None:
         ref.store().delete(uri)
 
 
+def _close_writer(writer: CheckpointWriter, timings: dict[str, float]) -> None:
+    waited = writer.close()
+    if writer.written or writer.failed:
+        # Background seconds: they overlapped training, unlike the wait.
+        timings["checkpoint"] = writer.write_seconds
+    if waited > 0.001:
+        timings["checkpoint_wait"] = waited
+
+
 def run_attempt(
     ref: RunRef,
     epoch: int,
@@ -276,6 +286,7 @@ def run_attempt(
     if awaited:
         timings["await_merge"] = awaited
     own_checkpoint = False
+    writer: CheckpointWriter | None = None
     try:
         t = time.perf_counter()
         if resume is not None:
@@ -290,20 +301,25 @@ def run_attempt(
             timings["read"] = time.perf_counter() - t
 
         def save(state: StateDict, samples: int, seconds: float) -> None:
-            """Make the training so far durable; a replacement resumes here after a kill."""
+            """Make the training so far durable; a replacement resumes here after a kill.
+
+            Runs in the writer's thread while training goes on.
+            """
             nonlocal own_checkpoint
-            t = time.perf_counter()
             path = checkpoint_path(ref.run, epoch, shard, attempt.id, samples)
             store.write_state(
                 path,
                 state,
                 attrs={"run": ref.run, "attempt": attempt.id, "samples": samples},
             )
-            replaced = ledger.record_checkpoint(attempt.id, path, samples, seconds)
-            own_checkpoint = True
-            if replaced is not None:
-                store.delete(replaced)
-            timings["checkpoint"] = timings.get("checkpoint", 0.0) + time.perf_counter() - t
+            # The uri to delete: the checkpoint this one replaces, or this one
+            # itself if the attempt is no longer running (then never recorded).
+            stale = ledger.record_checkpoint(attempt.id, path, samples, seconds)
+            own_checkpoint = own_checkpoint or stale != path
+            if stale is not None:
+                store.delete(stale)
+
+        writer = CheckpointWriter(save)
 
         if data is None or data.key != (ref.run, epoch, shard):
             data = load_shard(ref, epoch, shard, cfg)
@@ -323,7 +339,7 @@ def run_attempt(
             seed=attempt_seed(cfg.run.seed, epoch, shard),
             should_stop=should_stop,
             start_samples=start_samples,
-            checkpoint=save,
+            checkpoint=writer,
             checkpoint_seconds=cfg.fault.checkpoint_seconds or None,
         )
         timings["train"] = result.train_seconds
@@ -344,6 +360,9 @@ def run_attempt(
             },
         )
         timings["write"] = time.perf_counter() - t
+        # A checkpoint still being written (it overlapped the result's write)
+        # is recorded before the result, so the drop below deletes it.
+        _close_writer(writer, timings)
 
         t = time.perf_counter()
         state = "interrupted" if result.interrupted else "finished"
@@ -371,6 +390,8 @@ def run_attempt(
         # Record the failure while the process is alive; a SIGKILL never gets
         # here, which is what attempt deadlines are for.
         try:
+            if writer is not None:
+                _close_writer(writer, timings)
             ledger.finish_attempt(attempt.id, state="failed", reason=f"{type(exc).__name__}: {exc}")
             if own_checkpoint:  # a failed attempt is not resumed
                 drop_checkpoint(ref, attempt.id)

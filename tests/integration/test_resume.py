@@ -149,3 +149,50 @@ def test_an_unreadable_checkpoint_is_not_resumed(tmp_path: Path) -> None:
     out = run_attempt(ref, 0, 0, config=cfg_short)
     assert ref.ledger().get_attempt(str(out.attempt_id)).resumed_from is None
     assert out.samples == 1600
+
+
+def test_slow_checkpoint_writes_overlap_training_and_leave_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A store that takes 0.25 s per checkpoint (a big model on S3, scaled
+    # down). Written in line, every write would stop the training loop.
+    from vcdl.checkpoints import CheckpointWriter
+    from vcdl.store import WeightStore
+
+    spent: list[float] = []
+    plain = WeightStore.write_state
+
+    def slow(self: WeightStore, path: str, *args: object, **kwargs: object) -> object:
+        if "-ckpt" not in path:
+            return plain(self, path, *args, **kwargs)  # type: ignore[arg-type]
+        t = time.perf_counter()
+        time.sleep(0.25)
+        out = plain(self, path, *args, **kwargs)  # type: ignore[arg-type]
+        spent.append(time.perf_counter() - t)
+        return out
+
+    # What the training loop spends handing a checkpoint over.
+    handoffs: list[float] = []
+    hand_over = CheckpointWriter.__call__
+
+    def timed(self: CheckpointWriter, *args: object) -> None:
+        t = time.perf_counter()
+        hand_over(self, *args)  # type: ignore[arg-type]
+        handoffs.append(time.perf_counter() - t)
+
+    monkeypatch.setattr(WeightStore, "write_state", slow)
+    monkeypatch.setattr(CheckpointWriter, "__call__", timed)
+    ref, cfg = make_run(tmp_path, checkpoint_seconds=0.05)
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"local_epochs": 6})})
+    out = run_attempt(ref, 0, 0, config=cfg)
+    assert out.state == "finished" and len(spent) >= 3, spent
+    # Training handed over more checkpoints than were written (only the
+    # newest waits) and never waited for a write.
+    assert len(handoffs) > len(spent)
+    assert sum(handoffs) < 0.1 * sum(spent), (handoffs, spent)
+    assert out.timings["checkpoint"] >= sum(spent) * 0.9
+    # The checkpoint in flight at the end was recorded, then dropped with the rest.
+    attempt = ref.ledger().get_attempt(str(out.attempt_id))
+    assert attempt.checkpoint_uri is None
+    names = ref.store().list("runs/resume/results")
+    assert names and not [n for n in names if "-ckpt" in n], names  # the result alone

@@ -1,0 +1,89 @@
+"""CheckpointWriter: checkpoints written in the background, newest first, never raising."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from vcdl.checkpoints import CheckpointWriter
+from vcdl.types import StateDict
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def state(v: float) -> StateDict:
+    return {"w": torch.full((2,), v)}
+
+
+class SlowStore:
+    """Records what was written; each write waits until released."""
+
+    def __init__(self) -> None:
+        self.written: list[int] = []
+        self.release = threading.Event()
+        self.started = threading.Event()
+
+    def write(self, s: StateDict, samples: int, seconds: float) -> None:
+        self.started.set()
+        assert self.release.wait(10)
+        self.written.append(samples)
+
+
+def test_handing_over_does_not_wait_for_the_write_and_only_the_newest_waits() -> None:
+    store = SlowStore()
+    writer = CheckpointWriter(store.write)
+    t = time.perf_counter()
+    writer(state(1), 100, 1.0)
+    assert store.started.wait(5)  # the first write is in flight, blocked
+    writer(state(2), 200, 2.0)
+    writer(state(3), 300, 3.0)  # replaces 200, which never started
+    assert time.perf_counter() - t < 1.0  # training went on
+    store.release.set()
+    assert writer.flush(5)
+    assert store.written == [100, 300]
+    assert (writer.written, writer.superseded, writer.failed) == (2, 1, 0)
+    writer.close()
+
+
+def test_close_drops_the_waiting_checkpoint_and_waits_for_the_one_in_flight() -> None:
+    store = SlowStore()
+    writer = CheckpointWriter(store.write)
+    writer(state(1), 100, 1.0)
+    assert store.started.wait(5)
+    writer(state(2), 200, 2.0)
+    threading.Timer(0.2, store.release.set).start()
+    waited = writer.close()
+    assert waited >= 0.1  # it waited for the write in flight
+    assert store.written == [100]  # 200 was dropped: a result supersedes it
+    writer(state(3), 300, 3.0)  # after close: ignored
+    assert store.written == [100] and writer.superseded == 1
+
+
+def test_a_failed_write_is_counted_and_the_next_one_still_happens(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    written: list[int] = []
+
+    def write(s: StateDict, samples: int, seconds: float) -> None:
+        if samples == 100:
+            raise OSError("store unreachable")
+        written.append(samples)
+
+    writer = CheckpointWriter(write)
+    writer(state(1), 100, 1.0)
+    assert writer.flush(5)
+    writer(state(2), 200, 2.0)
+    assert writer.flush(5)
+    writer.close()
+    assert written == [200]
+    assert (writer.written, writer.failed) == (1, 1)
+    assert "checkpoint at 100 samples not written" in caplog.text
+
+
+def test_close_without_any_checkpoint_returns_at_once() -> None:
+    writer = CheckpointWriter(lambda s, n, t: None)
+    assert writer.close() < 0.1
+    assert writer.flush(0.1)

@@ -1,0 +1,114 @@
+"""Writing an attempt's checkpoints off the training loop.
+
+This module owns *when* a checkpoint reaches the store, not what it holds
+(:func:`vcdl.train.train_attempt` hands over a CPU copy of the weights at a
+batch boundary) nor where it goes (:func:`vcdl.attempt.run_attempt` writes
+and records it). A synchronous write stops training for as long as the
+store takes: ~10 ms for the small models here, 0.06 s for a ResNet-50 on
+local disk and ~0.7 s on S3 (``benchmarks/weights_io.py``), every
+``fault.checkpoint_seconds``; for a model of several GB on S3, tens of
+seconds. :class:`CheckpointWriter` writes in one background thread instead:
+
+* at most one write in flight; a checkpoint handed over meanwhile waits,
+  and a newer one replaces it (only the newest is worth writing), so at
+  most two copies of the weights wait in memory;
+* a failed write is logged and counted, never raised into training: a
+  checkpoint is insurance, and the previous one stays recorded;
+* :meth:`CheckpointWriter.close` drops what waits and lets the write in
+  flight finish, so that the caller deletes the attempt's checkpoint after
+  the last one was recorded, not before.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from vcdl.types import StateDict
+
+log = logging.getLogger(__name__)
+
+Write = Callable[[StateDict, int, float], None]
+"""Writes and records one checkpoint: (state, samples seen, training seconds)."""
+
+
+class CheckpointWriter:
+    """A :data:`vcdl.train.Checkpoint` callback that writes in a background thread."""
+
+    def __init__(self, write: Write, name: str = "vcdl-checkpoint") -> None:
+        self._write = write
+        self._name = name
+        self._cond = threading.Condition()
+        self._waiting: tuple[StateDict, int, float] | None = None
+        self._busy = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self.written = 0
+        self.failed = 0
+        self.superseded = 0
+        self.write_seconds = 0.0
+        """Seconds spent writing, in the background."""
+
+    def __call__(self, state: StateDict, samples: int, seconds: float) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            if self._waiting is not None:
+                self.superseded += 1
+            self._waiting = (state, samples, seconds)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._waiting is None and not self._closed:
+                    self._cond.wait()
+                if self._waiting is None:  # closed, nothing left
+                    return
+                job, self._waiting, self._busy = self._waiting, None, True
+            t = time.perf_counter()
+            try:
+                self._write(*job)
+                ok = True
+            except Exception:
+                log.warning("checkpoint at %d samples not written", job[1], exc_info=True)
+                ok = False
+            with self._cond:
+                self.write_seconds += time.perf_counter() - t
+                if ok:
+                    self.written += 1
+                else:
+                    self.failed += 1
+                self._busy = False
+                self._cond.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every checkpoint handed over is written; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._waiting is not None or self._busy:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self) -> float:
+        """Drop the checkpoint waiting (if any), wait for the one in flight; seconds waited."""
+        t = time.perf_counter()
+        with self._cond:
+            self._closed = True
+            if self._waiting is not None:
+                self.superseded += 1
+                self._waiting = None
+            self._cond.notify_all()
+            while self._busy:
+                self._cond.wait()
+        if self._thread is not None:
+            self._thread.join()
+        return time.perf_counter() - t
