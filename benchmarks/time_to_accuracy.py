@@ -46,7 +46,8 @@ Method (the same for every contender):
   ``checkpoint_seconds_b`` of training in part b). Training lost to a kill
   after the last checkpoint does not count.
 * Savings: ``vcdl.cost.cost_report`` on the part (b) vcdl run.
-* Contenders run one after another in each repeat (vcdl, one process, DDP);
+* Contenders run one after another in each repeat (vcdl, any ``--vcdl-also``
+  variants of it, one process, DDP);
   figures are medians over ``--repeats``. The machine is shared: timings
   are noisy.
 
@@ -111,6 +112,9 @@ class Settings:
     checkpoint_seconds_b: float = 1.0
     # Config overrides (section.key=value) of part (a), for every contender.
     overrides_a: tuple[str, ...] = ()
+    # More vcdl contenders of part (a), side by side with the shipped one:
+    # each a comma-separated list of overrides (e.g. "merge.rule=delta").
+    variants_a: tuple[str, ...] = ()
     # Weight copies per epoch of the fault-free one process and DDP: at least
     # as often as vcdl makes versions, so their time-to is never the coarser.
     snapshots: int = 8
@@ -572,9 +576,18 @@ def part_a(s: Settings, npz: Path, work: Path, log: Callable[[str], None]) -> di
     """Fault-free time to the part (a) targets, medians over ``repeats_a``."""
     cfg = run_config(s, s.width_a, s.epochs_a, "tta-a", s.overrides_a)
     snapshots = max(s.snapshots, cfg.data.shards)
-    runs: dict[str, list[dict[str, Any]]] = {"vcdl": [], "one_process": [], "ddp": []}
+    variants = {
+        f"vcdl {v}": run_config(s, s.width_a, s.epochs_a, "tta-a", [*s.overrides_a, *v.split(",")])
+        for v in s.variants_a
+    }
+    runs: dict[str, list[dict[str, Any]]] = {"vcdl": [], **{n: [] for n in variants}}
+    runs |= {"one_process": [], "ddp": []}
     for i in range(s.repeats_a):
         runs["vcdl"].append(run_vcdl(cfg, npz, work / f"a{i}-vcdl", events=[], seed=s.kill_seed))
+        for j, (name, vcfg) in enumerate(variants.items()):
+            runs[name].append(
+                run_vcdl(vcfg, npz, work / f"a{i}-vcdl{j}", events=[], seed=s.kill_seed)
+            )
         runs["one_process"].append(run_one_process(cfg, npz, snapshots))
         runs["ddp"].append(
             run_ddp(
@@ -598,6 +611,7 @@ def part_a(s: Settings, npz: Path, work: Path, log: Callable[[str], None]) -> di
         "lr": cfg.train.lr,
         "alpha": cfg.merge.alpha,
         "overrides": list(s.overrides_a),
+        "variants": list(s.variants_a),
     }
     for name, rs in runs.items():
         out[name] = {
@@ -754,12 +768,14 @@ def print_report(res: dict[str, Any], s: Settings) -> None:
             f"medians of {a['repeats']} (seconds from time zero):"
         )
         head = "".join(f"{'to ' + k[8:] + '%':>10}" for k in keys)
-        print(f"{'contender':<14}{head}{'final acc':>11}{'train wall':>12}{'total wall':>12}")
-        for name in ("vcdl", "one_process", "ddp"):
+        names = ["vcdl", *(f"vcdl {v}" for v in a.get("variants", [])), "one_process", "ddp"]
+        width = max(14, *(len(n) + 2 for n in names))
+        print(f"{'contender':<{width}}{head}{'final acc':>11}{'train wall':>12}{'total wall':>12}")
+        for name in names:
             r = a[name]
             cells = "".join(f"{_fmt(r[k]):>10}" for k in keys)
             print(
-                f"{name:<14}{cells}{r['final_accuracy']:>11.4f}"
+                f"{name:<{width}}{cells}{r['final_accuracy']:>11.4f}"
                 f"{_fmt(r['train_wall']):>12}{_fmt(r['total_wall']):>12}"
             )
     if "b" in res:
@@ -824,8 +840,17 @@ def main() -> None:
         help="config override for part (a), every contender (e.g. train.lr=0.01); "
         "replaces the defaults when given",
     )
+    p.add_argument(
+        "--vcdl-also",
+        action="append",
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="one more vcdl contender in part (a), run beside the shipped config "
+        "(e.g. merge.rule=delta); repeatable",
+    )
     args = p.parse_args()
     s = QUICK if args.quick else Settings()
+    if args.vcdl_also:
+        s = replace(s, variants_a=tuple(args.vcdl_also))
     s = replace(s, parts=tuple(args.parts))
     if args.set_a is not None:
         s = replace(s, overrides_a=tuple(args.set_a))

@@ -1,6 +1,7 @@
 """Sanity of benchmarks/time_to_accuracy.py's ``--quick`` path (no timing thresholds).
 
-Runs both parts at the quick sizes: every contender must have trained and
+Runs both parts at the quick sizes (part a with a delta-rule variant of
+vcdl beside the shipped config): every contender must have trained and
 been evaluated (accuracies in [0, 1], timestamps after time zero), the kill
 schedule must have hit both contenders of part (b), and torchrun must have
 resumed DDP from a checkpoint at least once.
@@ -27,12 +28,16 @@ def _check_curve(curve: list[tuple[float, float]]) -> None:
 
 
 def test_quick_benchmark_is_sane(prefect_api: None, tmp_path: Path) -> None:
-    s = replace(QUICK, cache_dir=str(tmp_path / "cache"))
+    # One variant beside the shipped config: the delta rule, through the
+    # whole flow (Prefect, Dask, the driver's cache of recent bases).
+    s = replace(
+        QUICK, cache_dir=str(tmp_path / "cache"), variants_a=("merge.rule=delta,merge.alpha=0.5",)
+    )
     res = run_benchmark(s, tmp_path / "work")
     print(json.dumps(summary_line(res)))
 
     a = res["a"]
-    for name in ("vcdl", "one_process", "ddp"):
+    for name in ("vcdl", "vcdl merge.rule=delta,merge.alpha=0.5", "one_process", "ddp"):
         assert len(a[name]["runs"]) == s.repeats_a
         for run in a[name]["runs"]:
             _check_curve(run["curve"])
