@@ -47,7 +47,7 @@ Method (the same for every contender):
   after the last checkpoint does not count.
 * Savings: ``vcdl.cost.cost_report`` on the part (b) vcdl run.
 * Contenders run one after another in each repeat (vcdl, any ``--vcdl-also``
-  variants of it, one process, DDP);
+  variants of it, one process in part a, DDP);
   figures are medians over ``--repeats``. The machine is shared: timings
   are noisy.
 
@@ -112,9 +112,9 @@ class Settings:
     checkpoint_seconds_b: float = 1.0
     # Config overrides (section.key=value) of part (a), for every contender.
     overrides_a: tuple[str, ...] = ()
-    # More vcdl contenders of part (a), side by side with the shipped one:
+    # More vcdl contenders, side by side with the shipped one in each part:
     # each a comma-separated list of overrides (e.g. "merge.rule=delta").
-    variants_a: tuple[str, ...] = ()
+    variants: tuple[str, ...] = ()
     # Weight copies per epoch of the fault-free one process and DDP: at least
     # as often as vcdl makes versions, so their time-to is never the coarser.
     snapshots: int = 8
@@ -578,7 +578,7 @@ def part_a(s: Settings, npz: Path, work: Path, log: Callable[[str], None]) -> di
     snapshots = max(s.snapshots, cfg.data.shards)
     variants = {
         f"vcdl {v}": run_config(s, s.width_a, s.epochs_a, "tta-a", [*s.overrides_a, *v.split(",")])
-        for v in s.variants_a
+        for v in s.variants
     }
     runs: dict[str, list[dict[str, Any]]] = {"vcdl": [], **{n: [] for n in variants}}
     runs |= {"one_process": [], "ddp": []}
@@ -611,7 +611,7 @@ def part_a(s: Settings, npz: Path, work: Path, log: Callable[[str], None]) -> di
         "lr": cfg.train.lr,
         "alpha": cfg.merge.alpha,
         "overrides": list(s.overrides_a),
-        "variants": list(s.variants_a),
+        "variants": list(s.variants),
     }
     for name, rs in runs.items():
         out[name] = {
@@ -633,11 +633,20 @@ def part_b(s: Settings, npz: Path, work: Path, log: Callable[[str], None]) -> di
         s, s.width_b, s.epochs_b, "tta-b", [f"fault.checkpoint_seconds={s.checkpoint_seconds_b}"]
     )
     events = kill_schedule(s)
-    runs: dict[str, list[dict[str, Any]]] = {"vcdl": [], "ddp": []}
+    ckpt = f"fault.checkpoint_seconds={s.checkpoint_seconds_b}"
+    variants = {
+        f"vcdl {v}": run_config(s, s.width_b, s.epochs_b, "tta-b", [ckpt, *v.split(",")])
+        for v in s.variants
+    }
+    runs: dict[str, list[dict[str, Any]]] = {"vcdl": [], **{n: [] for n in variants}, "ddp": []}
     for i in range(s.repeats_b):
         runs["vcdl"].append(
             run_vcdl(cfg, npz, work / f"b{i}-vcdl", events=events, seed=s.kill_seed)
         )
+        for j, (name, vcfg) in enumerate(variants.items()):
+            runs[name].append(
+                run_vcdl(vcfg, npz, work / f"b{i}-vcdl{j}", events=events, seed=s.kill_seed)
+            )
         runs["ddp"].append(
             run_ddp(
                 cfg,
@@ -659,6 +668,7 @@ def part_b(s: Settings, npz: Path, work: Path, log: Callable[[str], None]) -> di
         "kill_interval": s.kill_interval,
         "kill_seed": s.kill_seed,
         "schedule_first_10": [e.at for e in events[:10]],
+        "variants": list(s.variants),
     }
     for name, rs in runs.items():
         out[name] = {
@@ -669,18 +679,22 @@ def part_b(s: Settings, npz: Path, work: Path, log: Callable[[str], None]) -> di
             "kills": statistics.median(r["kills"] for r in rs),
             "runs": rs,
         }
-    v = runs["vcdl"]
-    out["vcdl"]["utilization"] = statistics.median(r["utilization"] for r in v)
-    gaps = [r["savings_gap_points"] for r in v if r["savings_gap_points"] is not None]
-    out["vcdl"]["savings_gap_points"] = statistics.median(gaps) if gaps else None
-    out["vcdl"]["spot_discount"] = v[0]["spot_discount"]
-    out["vcdl"]["realized_savings"] = (
-        statistics.median(r["realized_savings"] for r in v if r["realized_savings"] is not None)
-        if any(r["realized_savings"] is not None for r in v)
-        else None
-    )
+        if name != "ddp":
+            out[name] |= _vcdl_medians(rs)
     out["ddp"]["resumed_from_checkpoint"] = sum(r["resumed_from_checkpoint"] for r in runs["ddp"])
     return out
+
+
+def _vcdl_medians(v: list[dict[str, Any]]) -> dict[str, Any]:
+    """Utilization and savings of vcdl runs under kills, medians."""
+    gaps = [r["savings_gap_points"] for r in v if r["savings_gap_points"] is not None]
+    realized = [r["realized_savings"] for r in v if r["realized_savings"] is not None]
+    return {
+        "utilization": statistics.median(r["utilization"] for r in v),
+        "savings_gap_points": statistics.median(gaps) if gaps else None,
+        "spot_discount": v[0]["spot_discount"],
+        "realized_savings": statistics.median(realized) if realized else None,
+    }
 
 
 def _pct(target: float) -> str:
@@ -786,14 +800,16 @@ def print_report(res: dict[str, Any], s: Settings) -> None:
             f"seed {b['kill_seed']}), cnn1d width {b['width']}, {b['epochs']} epochs, "
             f"medians of {b['repeats']}:"
         )
+        names = ["vcdl", *(f"vcdl {v}" for v in b.get("variants", [])), "ddp"]
+        width = max(14, *(len(n) + 2 for n in names))
         print(
-            f"{'contender':<14}{'to ' + k[8:] + '%':>10}{'final acc':>11}{'kills':>7}"
+            f"{'contender':<{width}}{'to ' + k[8:] + '%':>10}{'final acc':>11}{'kills':>7}"
             f"{'train wall':>12}{'total wall':>12}"
         )
-        for name in ("vcdl", "ddp"):
+        for name in names:
             r = b[name]
             print(
-                f"{name:<14}{_fmt(r[k]):>10}{r['final_accuracy']:>11.4f}{r['kills']:>7.0f}"
+                f"{name:<{width}}{_fmt(r[k]):>10}{r['final_accuracy']:>11.4f}{r['kills']:>7.0f}"
                 f"{_fmt(r['train_wall']):>12}{_fmt(r['total_wall']):>12}"
             )
         print(
@@ -844,13 +860,13 @@ def main() -> None:
         "--vcdl-also",
         action="append",
         metavar="KEY=VALUE[,KEY=VALUE]",
-        help="one more vcdl contender in part (a), run beside the shipped config "
+        help="one more vcdl contender, run beside the shipped config in each part "
         "(e.g. merge.rule=delta); repeatable",
     )
     args = p.parse_args()
     s = QUICK if args.quick else Settings()
     if args.vcdl_also:
-        s = replace(s, variants_a=tuple(args.vcdl_also))
+        s = replace(s, variants=tuple(args.vcdl_also))
     s = replace(s, parts=tuple(args.parts))
     if args.set_a is not None:
         s = replace(s, overrides_a=tuple(args.set_a))

@@ -31,7 +31,7 @@ def test_quick_benchmark_is_sane(prefect_api: None, tmp_path: Path) -> None:
     # One variant beside the shipped config: the delta rule, through the
     # whole flow (Prefect, Dask, the driver's cache of recent bases).
     s = replace(
-        QUICK, cache_dir=str(tmp_path / "cache"), variants_a=("merge.rule=delta,merge.alpha=0.5",)
+        QUICK, cache_dir=str(tmp_path / "cache"), variants=("merge.rule=delta,merge.alpha=0.5",)
     )
     res = run_benchmark(s, tmp_path / "work")
     print(json.dumps(summary_line(res)))
