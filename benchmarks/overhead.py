@@ -240,7 +240,7 @@ def idle_split(
 def run_vcdl(cfg: RunConfig, home: Path, kill_every: float | None = None) -> dict[str, Any]:
     """Train ``cfg`` with vcdl; utilization and breakdown from the ledger."""
     from vcdl import api
-    from vcdl.cost import salvaged_attempts, useful_training_seconds
+    from vcdl.cost import salvaged_attempts, salvaged_seconds, useful_training_seconds
     from vcdl.ledger import attempt_timings
     from vcdl.runtime import open_ledger
 
@@ -265,8 +265,7 @@ def run_vcdl(cfg: RunConfig, home: Path, kill_every: float | None = None) -> dic
     wall = last - first
     workers = cfg.cluster.workers
     salvaged = salvaged_attempts(attempts)
-    useful = {a.id: useful_training_seconds(a, salvaged) for a in attempts}
-    train_s = sum(useful.values())
+    train_s = sum(useful_training_seconds(a, salvaged) for a in attempts)
     phases = [attempt_timings(a) for a in merged]
     bodies: dict[str, list[tuple[float, float, int]]] = defaultdict(list)
     for a, t in zip(merged, phases, strict=True):
@@ -288,7 +287,7 @@ def run_vcdl(cfg: RunConfig, home: Path, kill_every: float | None = None) -> dic
         "merged": len(merged),
         "killed": sum(1 for a in attempts if a.state == "killed"),
         "resumed": sum(1 for a in attempts if a.resumed_from),
-        "salvaged_seconds": sum(useful[i] for i in salvaged if i in useful),
+        "salvaged_seconds": salvaged_seconds(attempts, salvaged),
         "total_wall": total_wall,
         "first_dispatch_after": first - start,
         "barrier_seconds": barriers,

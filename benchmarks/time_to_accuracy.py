@@ -485,7 +485,12 @@ def run_vcdl(
 ) -> dict[str, Any]:
     """A vcdl run on its own LocalCluster; with ``events``, its worker processes are SIGKILLed."""
     from vcdl import api
-    from vcdl.cost import cost_report, salvaged_attempts, useful_training_seconds
+    from vcdl.cost import (
+        cost_report,
+        salvaged_attempts,
+        salvaged_seconds,
+        useful_training_seconds,
+    )
     from vcdl.data import import_npz
     from vcdl.runs import load_version
     from vcdl.runtime import RunRef, open_store
@@ -542,9 +547,7 @@ def run_vcdl(
         "attempts": len(attempts),
         "attempts_with_train_seconds": len(recorded),
         "resumed": sum(1 for a in attempts if a.resumed_from),
-        "salvaged_seconds": round(
-            sum(useful_training_seconds(a, salvaged) for a in useful if a.id in salvaged), 2
-        ),
+        "salvaged_seconds": round(salvaged_seconds(attempts, salvaged), 2),
         "attempt_states": {
             s: sum(a.state == s for a in attempts) for s in {a.state for a in attempts}
         },
@@ -572,21 +575,30 @@ def _final(curve: Curve) -> float:
     return curve[-1][1] if curve else 0.0
 
 
+def vcdl_contenders(
+    s: Settings, width: int, epochs: int, name: str, overrides: Sequence[str]
+) -> dict[str, RunConfig]:
+    """The shipped config as "vcdl", then each of ``s.variants`` as "vcdl <overrides>"."""
+    return {
+        "vcdl": run_config(s, width, epochs, name, overrides),
+        **{
+            f"vcdl {v}": run_config(s, width, epochs, name, [*overrides, *v.split(",")])
+            for v in s.variants
+        },
+    }
+
+
 def part_a(s: Settings, npz: Path, work: Path, log: Callable[[str], None]) -> dict[str, Any]:
     """Fault-free time to the part (a) targets, medians over ``repeats_a``."""
-    cfg = run_config(s, s.width_a, s.epochs_a, "tta-a", s.overrides_a)
+    contenders = vcdl_contenders(s, s.width_a, s.epochs_a, "tta-a", s.overrides_a)
+    cfg = contenders["vcdl"]
     snapshots = max(s.snapshots, cfg.data.shards)
-    variants = {
-        f"vcdl {v}": run_config(s, s.width_a, s.epochs_a, "tta-a", [*s.overrides_a, *v.split(",")])
-        for v in s.variants
-    }
-    runs: dict[str, list[dict[str, Any]]] = {"vcdl": [], **{n: [] for n in variants}}
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in contenders}
     runs |= {"one_process": [], "ddp": []}
     for i in range(s.repeats_a):
-        runs["vcdl"].append(run_vcdl(cfg, npz, work / f"a{i}-vcdl", events=[], seed=s.kill_seed))
-        for j, (name, vcfg) in enumerate(variants.items()):
+        for j, (name, vcfg) in enumerate(contenders.items()):
             runs[name].append(
-                run_vcdl(vcfg, npz, work / f"a{i}-vcdl{j}", events=[], seed=s.kill_seed)
+                run_vcdl(vcfg, npz, work / f"a{i}-vcdl{j or ''}", events=[], seed=s.kill_seed)
             )
         runs["one_process"].append(run_one_process(cfg, npz, snapshots))
         runs["ddp"].append(
@@ -629,23 +641,16 @@ def part_a(s: Settings, npz: Path, work: Path, log: Callable[[str], None]) -> di
 
 def part_b(s: Settings, npz: Path, work: Path, log: Callable[[str], None]) -> dict[str, Any]:
     """Time to ``target_b`` and final accuracy under the kill schedule."""
-    cfg = run_config(
+    contenders = vcdl_contenders(
         s, s.width_b, s.epochs_b, "tta-b", [f"fault.checkpoint_seconds={s.checkpoint_seconds_b}"]
     )
+    cfg = contenders["vcdl"]
     events = kill_schedule(s)
-    ckpt = f"fault.checkpoint_seconds={s.checkpoint_seconds_b}"
-    variants = {
-        f"vcdl {v}": run_config(s, s.width_b, s.epochs_b, "tta-b", [ckpt, *v.split(",")])
-        for v in s.variants
-    }
-    runs: dict[str, list[dict[str, Any]]] = {"vcdl": [], **{n: [] for n in variants}, "ddp": []}
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in contenders} | {"ddp": []}
     for i in range(s.repeats_b):
-        runs["vcdl"].append(
-            run_vcdl(cfg, npz, work / f"b{i}-vcdl", events=events, seed=s.kill_seed)
-        )
-        for j, (name, vcfg) in enumerate(variants.items()):
+        for j, (name, vcfg) in enumerate(contenders.items()):
             runs[name].append(
-                run_vcdl(vcfg, npz, work / f"b{i}-vcdl{j}", events=events, seed=s.kill_seed)
+                run_vcdl(vcfg, npz, work / f"b{i}-vcdl{j or ''}", events=events, seed=s.kill_seed)
             )
         runs["ddp"].append(
             run_ddp(

@@ -202,6 +202,7 @@ def merge_attempt(
         return _reject(ref, attempt, f"result unreadable: {exc}", timings)
     timings["read_result"] = time.perf_counter() - t
 
+    base: StateDict | None = None
     for retry in range(max_retries):
         t = time.perf_counter()
         head_row = ledger.head(ref.run)
@@ -232,12 +233,14 @@ def merge_attempt(
             fraction = min(1.0, attempt.samples / planned)
             blend_alpha = 1.0 - (1.0 - alpha) * fraction
 
-        base = None
-        if cfg.merge.rule == "delta":
+        if base is None and cfg.merge.rule == "delta":
+            # The same whatever the head does meanwhile: read once, not at every
+            # CAS retry. A retry that evicts it from the cache cannot overwrite
+            # it: the cache never writes into a buffer an input uses.
             t = time.perf_counter()
             base_row = ledger.get_version(ref.run, attempt.base_version)
             base = cache.base(base_row, store.read_state)
-            timings["read_base"] = timings.get("read_base", 0.0) + time.perf_counter() - t
+            timings["read_base"] = time.perf_counter() - t
 
         # The merge phase: validation (NaN/Inf, norm bound) fused with the blend.
         t = time.perf_counter()

@@ -357,6 +357,11 @@ def useful_training_seconds(attempt: Attempt, salvaged: Mapping[str, float]) -> 
     return 0.0
 
 
+def salvaged_seconds(attempts: Iterable[Attempt], salvaged: Mapping[str, float]) -> float:
+    """The training kept in checkpoints that merged results resumed (``vcdl status``)."""
+    return sum(useful_training_seconds(a, salvaged) for a in attempts if a.id in salvaged)
+
+
 def outcome(state: str, run_ended: bool) -> str:
     """``"useful"``, ``"waste"`` or ``"pending"`` for an attempt in ``state``."""
     if state in USEFUL_STATES:

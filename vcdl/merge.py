@@ -151,10 +151,10 @@ def output_problem(out: StateDict, head: StateDict, *inputs: StateDict) -> str |
     return None
 
 
-def _require_output(out: StateDict | None, head: StateDict, result: StateDict) -> None:
+def _require_output(out: StateDict | None, head: StateDict, *inputs: StateDict) -> None:
     """Raise MergeError if ``out`` is given and cannot hold the merge (:func:`output_problem`)."""
     if out is not None:
-        problem = output_problem(out, head, result)
+        problem = output_problem(out, head, *inputs)
         if problem is not None:
             raise MergeError(problem)
 

@@ -31,8 +31,7 @@ import math
 
 import torch
 
-from vcdl.errors import MergeError
-from vcdl.merge import _compute_dtype, _int_or_bool, _unit, output_problem
+from vcdl.merge import _compute_dtype, _int_or_bool, _require_output, _unit
 from vcdl.merge_checks import mismatch, nonfinite, require_compatible, validate_result
 from vcdl.types import StateDict
 
@@ -58,14 +57,6 @@ def _delta_tensor(
     return acc.mul_(beta).add_(head)
 
 
-def _check(head: StateDict, result: StateDict, base: StateDict, out: StateDict | None) -> None:
-    require_compatible(head, base, "base")
-    if out is not None:
-        problem = output_problem(out, head, result, base)
-        if problem is not None:
-            raise MergeError(problem)
-
-
 def delta(
     head: StateDict,
     result: StateDict,
@@ -86,7 +77,8 @@ def delta(
     """
     a = _unit("alpha", alpha)
     require_compatible(head, result, "result")
-    _check(head, result, base, out)
+    require_compatible(head, base, "base")
+    _require_output(out, head, result, base)
     beta = 1.0 - a
     new: StateDict = {}
     with torch.no_grad():
@@ -125,7 +117,8 @@ def validated_delta(
     reason = mismatch(head, result, "result")
     if reason is not None:
         return reason
-    _check(head, result, base, out)
+    require_compatible(head, base, "base")
+    _require_output(out, head, result, base)
     if max_update_norm is not None:
         reason = validate_result(base, result, max_update_norm)
         if reason is not None:

@@ -11,7 +11,12 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from vcdl.config import RunConfig
-from vcdl.cost import salvaged_attempts, training_seconds, useful_training_seconds
+from vcdl.cost import (
+    salvaged_attempts,
+    salvaged_seconds,
+    training_seconds,
+    useful_training_seconds,
+)
 from vcdl.errors import StoreError
 from vcdl.ledger import Attempt, Ledger, attempt_timings
 from vcdl.runtime import RunRef
@@ -82,9 +87,7 @@ def run_status(ledger: Ledger, name: str) -> dict[str, Any]:
         "duplicates": counts.get("duplicate", 0),
         "mean_staleness": sum(all_stale) / len(all_stale) if all_stale else None,
         "resumed": sum(1 for a in attempts if a.resumed_from),
-        "salvaged_seconds": sum(
-            useful_training_seconds(a, salvaged) for a in attempts if a.id in salvaged
-        ),
+        "salvaged_seconds": salvaged_seconds(attempts, salvaged),
         "goodput": useful / trained if trained else None,
         "phases": phase_means(attempts),
         "created_at": run.created_at.isoformat(),
