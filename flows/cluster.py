@@ -35,6 +35,7 @@ from prefect_dask.client import PrefectDaskClient
 from flows.forkserver import forked_workers
 from flows.watchdog import ClusterWatchdog
 from vcdl.config import RunConfig
+from vcdl.console import install_for_process
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +159,9 @@ def warm_up() -> None:
     from prefect.context import refresh_global_settings_context
 
     refresh_global_settings_context()  # PREFECT_API_URL: else the worker starts its own server
+    # The worker shares the driver's stdout/stderr: a blocked console must not
+    # stall its task threads or its event loop either.
+    install_for_process()
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 

@@ -32,6 +32,7 @@ from flows.reporting import (
 )
 from vcdl.chaos import Preemptor, chaos_schedule
 from vcdl.config import RunConfig, resolve_home
+from vcdl.console import console_off_thread
 from vcdl.errors import LeaseHeld
 from vcdl.report import run_status
 from vcdl.runs import clean_orphans, prepare_run
@@ -208,6 +209,9 @@ def _train(config: RunConfig, home: str | None, chaos: ChaosSpec | None) -> dict
         ledger.update_run(ref.run, state="running")
         try:
             with (
+                # Before the cluster: its nannies log from the IO loop, and a
+                # console write that blocks there would stall every result.
+                console_off_thread(),
                 dask_cluster(cfg) as address,
                 preemptions(address, chaos) as chaos_thread,
                 shared_task_runner(address) as runner,

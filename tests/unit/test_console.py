@@ -1,0 +1,188 @@
+"""vcdl.console: console handlers write from a background thread and never block the logger."""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from vcdl.console import ConsoleQueue, console_off_thread, install, is_console
+
+
+@pytest.fixture
+def logger() -> Iterator[logging.Logger]:
+    log = logging.getLogger(f"vcdl-test-console-{time.monotonic_ns()}")
+    log.propagate = False
+    log.setLevel(logging.DEBUG)
+    yield log
+    log.handlers.clear()
+
+
+class PipeSink:
+    """A console: a pipe whose far end a thread reads, so its writes never block."""
+
+    def __init__(self) -> None:
+        r, w = os.pipe()
+        self.stream = os.fdopen(w, "w", buffering=1)
+        self._chunks: list[bytes] = []
+        self._reader = threading.Thread(target=self._read, args=(r,), daemon=True)
+        self._reader.start()
+
+    def _read(self, r: int) -> None:
+        with os.fdopen(r, "rb", buffering=0) as f:
+            while chunk := f.read(65536):
+                self._chunks.append(chunk)
+
+    def text(self) -> str:
+        """Everything written; closes the pipe."""
+        self.stream.close()
+        self._reader.join(10)
+        return b"".join(self._chunks).decode()
+
+
+def _own(logger: logging.Logger) -> list[logging.Handler]:
+    """The logger's handlers but pytest's capture (it adds its own to a non-propagating logger)."""
+    return [h for h in logger.handlers if type(h).__name__ != "LogCaptureHandler"]
+
+
+def _small_pipe() -> tuple[int, int]:
+    r, w = os.pipe()
+    fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)  # the smallest a pipe gets: it fills at once
+    return r, w
+
+
+def _drain_until(r: int, done: threading.Event) -> None:
+    os.set_blocking(r, False)
+    while not done.is_set():
+        try:
+            if not os.read(r, 65536):
+                return
+        except BlockingIOError:
+            time.sleep(0.01)
+
+
+def test_a_blocked_console_never_blocks_the_logging_thread(logger: logging.Logger) -> None:
+    r, w = _small_pipe()
+    stream = os.fdopen(w, "w", buffering=1)
+    original = logging.StreamHandler(stream)
+    logger.addHandler(original)
+    console = ConsoleQueue(capacity=50)
+    console.swap(logger)
+    assert console.handlers == 1 and original not in logger.handlers
+    t = time.perf_counter()
+    for i in range(2000):  # ~200 KB: fifty times what the pipe holds
+        logger.warning("record %04d %s", i, "x" * 90)
+    took = time.perf_counter() - t
+    # Without the proxy the first write past 4 KiB blocks forever.
+    assert took < 5.0
+    assert console.dropped > 0
+    # The writer thread is stuck in the pipe: close gives up after its drain
+    # time and still puts the original handler back.
+    assert console.close(drain=0.2) is False
+    assert _own(logger) == [original]
+    done = threading.Event()
+    reader = threading.Thread(target=_drain_until, args=(r, done))
+    reader.start()
+    console._thread.join(10)
+    assert not console._thread.is_alive()  # the blocked write finished once read
+    done.set()
+    reader.join()
+    logger.handlers.clear()
+    stream.close()
+    os.close(r)
+
+
+def test_records_reach_the_original_handler_in_order_and_format(logger: logging.Logger) -> None:
+    out = PipeSink()
+    handler = logging.StreamHandler(out.stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s:%(message)s"))
+    logger.addHandler(handler)
+    with console_off_thread() as console:
+        assert handler not in logger.handlers
+        for i in range(100):
+            logger.info("line %d", i)
+    assert console.dropped == 0
+    assert out.text().splitlines() == [f"INFO:line {i}" for i in range(100)]
+    assert _own(logger) == [handler]
+
+
+def test_the_original_level_is_honoured_and_follows_set_level(logger: logging.Logger) -> None:
+    out = PipeSink()
+    handler = logging.StreamHandler(out.stream)
+    handler.setLevel(logging.WARNING)
+    logger.addHandler(handler)
+    console = install()
+    (proxy,) = _own(logger)
+    logger.info("dropped by level")
+    logger.warning("kept")
+    # Whoever quiets "the console handler" later finds the proxy: both change.
+    proxy.setLevel(logging.ERROR)
+    assert handler.level == logging.ERROR
+    logger.warning("now below the level")
+    logger.error("kept too")
+    assert console.close() is True
+    assert out.text().splitlines() == ["kept", "kept too"]
+
+
+def test_files_and_other_handlers_are_left_alone(
+    logger: logging.Logger, tmp_path: os.PathLike[str]
+) -> None:
+    file_handler = logging.FileHandler(os.path.join(tmp_path, "log.txt"))
+    null = logging.NullHandler()
+    memory = logging.StreamHandler(io.StringIO())  # pytest's capture is one
+    for h in (file_handler, null, memory):
+        logger.addHandler(h)
+    assert not any(is_console(h) for h in (file_handler, null, memory))
+    pipe = PipeSink()
+    assert is_console(logging.StreamHandler(pipe.stream))
+    console = ConsoleQueue()
+    console.swap(logger)
+    assert console.handlers == 0 and _own(logger) == [file_handler, null, memory]
+    pipe.text()
+    console.close()
+    file_handler.close()
+
+
+def test_a_logger_made_later_writes_through_its_swapped_parent(logger: logging.Logger) -> None:
+    out = PipeSink()
+    logger.addHandler(logging.StreamHandler(out.stream))
+    with console_off_thread():
+        child = logging.getLogger(logger.name + ".child-made-later")
+        child.warning("from the child")
+        writer = threading.current_thread()
+        seen: list[threading.Thread] = []
+
+        class Spy(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                seen.append(threading.current_thread())
+
+        # The proxy installed for the parent hands the record to another thread.
+        spy = Spy()
+        (proxy,) = _own(logger)
+        proxy.target = spy  # type: ignore[attr-defined]
+        child.warning("who writes this?")
+    assert "from the child" in out.text()
+    assert seen and seen[0] is not writer
+
+
+def test_a_second_install_does_not_wrap_a_proxy(logger: logging.Logger) -> None:
+    out = PipeSink()
+    logger.addHandler(logging.StreamHandler(out.stream))
+    outer = install()
+    inner = install()
+    assert not any(lg is logger for lg, _, _ in inner._swapped)
+    logger.warning("once")
+    inner.close()
+    outer.close()
+    assert out.text() == "once\n"
+
+
+def test_capacity_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="capacity must be at least 1"):
+        ConsoleQueue(capacity=0)

@@ -1,0 +1,200 @@
+"""Console log output that can never stall a run.
+
+This module owns one thing: moving the writes of console log handlers off the
+thread that logs. A console handler writes synchronously to stdout or stderr;
+when those are a pipe nobody drains (a CLI piped into a stalled consumer, a
+supervisor that reads only at the end), the 64 KiB pipe buffer fills and the
+next write blocks. If the logging thread is the driver's Dask IO loop (the
+nanny logs every worker restart there), no result reaches the driver any more
+and the whole run hangs. This was seen in CI.
+
+:func:`install` replaces every console handler (a ``StreamHandler`` writing to
+a pipe, terminal or socket) on the root logger and on every existing logger with a
+proxy. The proxy puts the record on a bounded queue and never waits. One
+daemon thread hands the records to the original handlers, so only that thread
+can block. When the queue is full, records are dropped and counted rather
+than stalling the caller. :meth:`ConsoleQueue.close` puts the original
+handlers back and waits a bounded time for the queue to drain.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import queue
+import stat
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+#: Records that may wait for a slow console before new ones are dropped.
+DEFAULT_CAPACITY = 10_000
+#: Seconds :meth:`ConsoleQueue.close` waits for the queue to drain.
+DEFAULT_DRAIN = 5.0
+
+_STOP = object()
+
+
+def is_console(handler: logging.Handler) -> bool:
+    """True for a handler that writes to a pipe, terminal or socket: a write that may block.
+
+    A regular file or an in-memory stream (pytest's capture) is left alone.
+    """
+    if not isinstance(handler, logging.StreamHandler) or isinstance(handler, logging.FileHandler):
+        return False
+    try:
+        fd = handler.stream.fileno()
+        return not stat.S_ISREG(os.fstat(fd).st_mode)
+    except (AttributeError, OSError, ValueError):  # no descriptor, or a closed one
+        return False
+
+
+class _Proxy(logging.Handler):
+    """Stands in for one console handler: enqueues, never waits.
+
+    Its level *is* the target's: records the target would ignore are not even
+    queued, and whoever tames "the console handler" later (the CLI's quiet
+    mode finds the proxy in its place) sets both.
+    """
+
+    def __init__(self, target: logging.Handler, owner: ConsoleQueue) -> None:
+        self.target = target
+        self.owner = owner
+        super().__init__(level=target.level)
+
+    @property
+    def level(self) -> int:
+        return self.target.level
+
+    @level.setter
+    def level(self, value: int) -> None:
+        self.target.level = value
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.owner.put(self.target, record)
+
+
+class ConsoleQueue:
+    """The installed proxies, their queue and the thread that writes."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self._queue: queue.Queue[tuple[logging.Handler, logging.LogRecord] | object] = queue.Queue(
+            capacity
+        )
+        self._swapped: list[tuple[logging.Logger, logging.Handler, _Proxy]] = []
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self.dropped = 0
+        """Records dropped because the console did not keep up."""
+        self._thread = threading.Thread(target=self._write, name="vcdl-console", daemon=True)
+        self._thread.start()
+
+    def put(self, target: logging.Handler, record: logging.LogRecord) -> None:
+        try:
+            self._queue.put_nowait((target, record))
+        except queue.Full:
+            with self._lock:
+                self.dropped += 1
+
+    def _write(self) -> None:
+        while True:
+            try:
+                item = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                if self._closed.is_set():  # closed while the queue was full
+                    return
+                continue
+            if item is _STOP:
+                return
+            assert isinstance(item, tuple)
+            # The level was checked when the record was queued (the proxy's is
+            # the target's); checking again here would drop records queued
+            # before a level change.
+            # Handler.handle applies the target's filters and reports its own
+            # errors (handleError); nothing here may end the thread.
+            with contextlib.suppress(Exception):
+                item[0].handle(item[1])
+
+    def swap(self, logger: logging.Logger) -> None:
+        """Replace ``logger``'s console handlers with proxies."""
+        for handler in list(logger.handlers):
+            if isinstance(handler, _Proxy) or not is_console(handler):
+                continue
+            proxy = _Proxy(handler, self)
+            proxy.setFormatter(handler.formatter)
+            index = logger.handlers.index(handler)
+            logger.handlers[index] = proxy
+            self._swapped.append((logger, handler, proxy))
+
+    @property
+    def handlers(self) -> int:
+        """How many console handlers write through this queue."""
+        return len(self._swapped)
+
+    def close(self, drain: float = DEFAULT_DRAIN) -> bool:
+        """Put the original handlers back; wait up to ``drain`` s for queued records.
+
+        Returns True when every queued record was written. A console that is
+        still blocked keeps the (daemon) writer thread; nothing else waits.
+        """
+        for logger, handler, proxy in self._swapped:
+            if proxy in logger.handlers:
+                logger.handlers[logger.handlers.index(proxy)] = handler
+        self._swapped.clear()
+        self._closed.set()
+        try:
+            self._queue.put(_STOP, timeout=drain)
+        except queue.Full:
+            return False
+        self._thread.join(drain)
+        return not self._thread.is_alive()
+
+
+def _loggers() -> Iterator[logging.Logger]:
+    yield logging.getLogger()
+    for logger in list(logging.Logger.manager.loggerDict.values()):
+        if isinstance(logger, logging.Logger):  # not a PlaceHolder
+            yield logger
+
+
+def install(capacity: int = DEFAULT_CAPACITY) -> ConsoleQueue:
+    """Move every current console handler's writes to a background thread.
+
+    Loggers created later propagate to the ones swapped here (Prefect and Dask
+    attach their console handlers at import, before a run starts).
+    """
+    console = ConsoleQueue(capacity)
+    for logger in _loggers():
+        console.swap(logger)
+    return console
+
+
+@contextmanager
+def console_off_thread(capacity: int = DEFAULT_CAPACITY) -> Iterator[ConsoleQueue]:
+    """:func:`install` for the block; the handlers are restored after it."""
+    console = install(capacity)
+    try:
+        yield console
+    finally:
+        console.close()
+        if console.dropped:
+            logging.getLogger(__name__).warning(
+                "%d log records were dropped: the console (stdout/stderr) did not keep up",
+                console.dropped,
+            )
+
+
+_process_console: ConsoleQueue | None = None
+
+
+def install_for_process() -> ConsoleQueue:
+    """:func:`install` once per process, closed at exit (a Dask worker's, for one)."""
+    global _process_console
+    if _process_console is None:
+        _process_console = install()
+        atexit.register(_process_console.close, 1.0)
+    return _process_console
