@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,6 +53,9 @@ _SLOTS_LOCK = threading.Lock()
 
 # Per run, this process's last recorded result the driver may not have merged yet.
 _UNMERGED: dict[str, str] = {}
+# run -> the optimizer state this worker's last attempt of the run ended with
+# (train.optimizer_state = "worker"). In memory only: a restarted worker starts fresh.
+_OPTIMIZER: dict[str, dict[str, Any]] = {}
 OWN_MERGE_WAIT = 1.0
 """Seconds an attempt waits at most for the previous result of its process to be merged."""
 
@@ -330,6 +334,7 @@ def run_attempt(
         # Set deliberately: Nanny-started workers default to 1 thread, and
         # set_num_threads is process-wide, so the config decides, not history.
         torch.set_num_threads(cfg.train.threads)
+        keep_optimizer = cfg.train.optimizer_state == "worker"
         result = train_attempt(
             data.model,
             base,
@@ -341,8 +346,13 @@ def run_attempt(
             start_samples=start_samples,
             checkpoint=writer,
             checkpoint_seconds=cfg.fault.checkpoint_seconds or None,
+            # Taken, not shared: the optimizer updates these tensors in place,
+            # and a concurrent attempt in this process must not see them move.
+            optimizer_state=_OPTIMIZER.pop(ref.run, None) if keep_optimizer else None,
         )
         timings["train"] = result.train_seconds
+        if keep_optimizer and result.optimizer_state is not None:
+            _OPTIMIZER[ref.run] = result.optimizer_state
 
         t = time.perf_counter()
         path = result_path(ref.run, epoch, shard, attempt.id)

@@ -78,8 +78,13 @@ class ModelSection(_Section):
 class TrainSection(_Section):
     local_epochs: int = Field(1, ge=1, le=1000, description="Passes over its shard per attempt.")
     batch_size: int = Field(100, ge=1, description="Mini-batch size.")
-    optimizer: Literal["sgd", "adam", "adamw"] = Field(
-        "adam", description="Local optimizer, fresh for every attempt."
+    optimizer: Literal["sgd", "adam", "adamw"] = Field("adam", description="Local optimizer.")
+    optimizer_state: Literal["fresh", "worker"] = Field(
+        "fresh",
+        description="fresh: every attempt builds its optimizer anew. worker: a worker keeps "
+        "its optimizer's state (Adam's moments, SGD's momentum) from its previous attempt of "
+        "the run in memory and the next attempt continues from it; a new or restarted worker "
+        "starts fresh. The merge and the ledger see weights only.",
     )
     lr: float = Field(3e-3, gt=0, le=10, description="Learning rate of the local optimizer.")
     momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum.")

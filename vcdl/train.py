@@ -1,8 +1,9 @@
 """Local training of one attempt, and evaluation: plain PyTorch.
 
 This module owns what one worker does with one shard: start from the base
-weights, train a *fresh* optimizer for ``local_epochs`` passes over the shard,
-and hand back the resulting state dict with its metrics. It knows nothing of
+weights, train an optimizer (fresh, or carried from the worker's previous
+attempt) for ``local_epochs`` passes over the shard, and hand back the
+resulting state dict with its metrics. It knows nothing of
 Prefect, Dask, the ledger or the store; the caller does the I/O.
 
 Training is deterministic on CPU for a given seed (one torch generator for
@@ -15,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,6 +40,8 @@ class TrainResult:
     interrupted: bool = False
     """True when ``should_stop`` ended training early (a preemption notice)."""
     planned_samples: int = 0
+    optimizer_state: dict[str, Any] | None = None
+    """The optimizer's state at the end (``Optimizer.state_dict()``), for the next attempt."""
 
 
 def make_optimizer(params: list[nn.Parameter], cfg: TrainSection) -> torch.optim.Optimizer:
@@ -49,6 +53,33 @@ def make_optimizer(params: list[nn.Parameter], cfg: TrainSection) -> torch.optim
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def carry(opt: torch.optim.Optimizer, state: dict[str, Any]) -> bool:
+    """Load an earlier attempt's optimizer ``state`` into ``opt``; False if it does not fit.
+
+    The hyperparameters stay ``opt``'s own (this run's config): only the
+    per-parameter state (moments, step counts, momentum buffers) carries over.
+    """
+    try:
+        groups = [dict(g) for g in state["param_groups"]]
+        own = opt.state_dict()["param_groups"]
+        if len(groups) != len(own) or any(
+            len(g["params"]) != len(o["params"]) for g, o in zip(groups, own, strict=True)
+        ):
+            return False
+        params = [p for group in opt.param_groups for p in group["params"]]
+        for index, per_param in state["state"].items():
+            for value in per_param.values():
+                # Loading checks only the counts; a shape mismatch would fail at step().
+                if torch.is_tensor(value) and value.dim() and value.shape != params[index].shape:
+                    return False
+        for g, o in zip(groups, own, strict=True):
+            g.update({k: v for k, v in o.items() if k != "params"})
+        opt.load_state_dict({"state": state["state"], "param_groups": groups})
+    except (KeyError, IndexError, ValueError, RuntimeError, TypeError):
+        return False
+    return True
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -91,6 +122,7 @@ def train_attempt(
     start_samples: int = 0,
     checkpoint: Checkpoint | None = None,
     checkpoint_seconds: float | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> TrainResult:
     """Train ``model`` from ``base`` on ``(x, y)`` and return the new state.
 
@@ -101,8 +133,12 @@ def train_attempt(
     batch boundary; the time it takes is not training time. ``start_samples``
     resumes from such a checkpoint (``base``): the batch order is the one an
     uninterrupted attempt with this seed has, the batches the checkpoint had
-    seen (counting every local epoch) are skipped, the optimizer starts fresh
-    (as every attempt's does), and the result's ``samples`` count them too.
+    seen (counting every local epoch) are skipped, and the result's
+    ``samples`` count them too.
+
+    ``optimizer_state`` (an earlier attempt's ``TrainResult.optimizer_state``)
+    starts the optimizer from that state instead of fresh; one that does not
+    fit this model and optimizer is ignored.
     """
     if len(x) != len(y):
         raise ValueError(f"x has {len(x)} rows but y has {len(y)}")
@@ -118,6 +154,8 @@ def train_attempt(
     xt, yt = _as_tensors(x, y, device)
     n = len(xt)
     opt = make_optimizer([p for p in model.parameters() if p.requires_grad], cfg)
+    if optimizer_state is not None:
+        carry(opt, optimizer_state)
     # bfloat16 autocast needs no loss scaling; on CPU it stays off (no speed-up
     # for these models and it would change the numerics of CPU runs).
     amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.amp and device.type == "cuda")
@@ -165,6 +203,7 @@ def train_attempt(
         train_seconds=seconds,
         interrupted=interrupted,
         planned_samples=planned,
+        optimizer_state=opt.state_dict(),
     )
 
 

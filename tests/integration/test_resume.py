@@ -196,3 +196,33 @@ def test_slow_checkpoint_writes_overlap_training_and_leave_nothing_behind(
     assert attempt.checkpoint_uri is None
     names = ref.store().list("runs/resume/results")
     assert names and not [n for n in names if "-ckpt" in n], names  # the result alone
+
+
+def test_a_worker_carries_its_optimizer_between_attempts_when_asked(tmp_path: Path) -> None:
+    from vcdl import attempt as attempt_module
+
+    cfg = parse_config(
+        {
+            "run": {"name": "carry", "epochs": 2, "seed": 5},
+            "data": {"name": "mnist1d", "samples": 1000, "shards": 1},
+            "model": {"factory": "cnn1d", "kwargs": {"width": 8}},
+            "train": {"batch_size": 100, "optimizer_state": "worker"},
+        }
+    ).with_locations(tmp_path)
+    ref, _, _ = prepare_run(cfg)
+    steps = 8  # 800 training rows in batches of 100
+    for epoch in range(2):
+        ref.ledger().ensure_subtasks(ref.run, epoch, 1)
+        outcome = run_attempt(ref, epoch, 0)
+        assert outcome.attempt_id is not None
+        merge_attempt(ref, outcome.attempt_id, cfg)
+        kept = attempt_module._OPTIMIZER[ref.run]
+        # The second attempt's Adam continued the first's: its step count runs on.
+        assert int(kept["state"][0]["step"]) == steps * (epoch + 1)
+    attempt_module._OPTIMIZER.pop(ref.run)
+
+    fresh = cfg.updated(run={"name": "fresh"}, train={"optimizer_state": "fresh"})
+    ref2, _, _ = prepare_run(fresh)
+    ref2.ledger().ensure_subtasks(ref2.run, 0, 1)
+    run_attempt(ref2, 0, 0)
+    assert ref2.run not in attempt_module._OPTIMIZER
