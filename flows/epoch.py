@@ -39,7 +39,7 @@ from prefect.futures import PrefectFuture
 
 from flows.cluster import training_slots, worker_left_at
 from flows.reporting import ProgressUpdater, publish_epoch_table
-from vcdl.assimilator import MERGEABLE_ATTEMPT_STATES, head_cache, merge_attempt
+from vcdl.assimilator import MERGEABLE_ATTEMPT_STATES, merge_attempt, run_head_cache
 from vcdl.attempt import (
     TERMINAL_SUBTASK_STATES,
     ShardData,
@@ -207,7 +207,7 @@ class EpochDriver:
         self.progress = ProgressUpdater(ref, progress_id, cfg.run.epochs, cfg.data.shards)
         self.ledger = ref.ledger()
         self.log = get_run_logger()
-        self.cache = head_cache(cfg)
+        self.cache = run_head_cache(ref, cfg)
         self.pending: dict[PrefectFuture[dict[str, Any]], Key] = {}
         self.done: queue.SimpleQueue[PrefectFuture[dict[str, Any]]] = queue.SimpleQueue()
         self.submitted: dict[Key, int] = {}

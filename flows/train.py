@@ -30,6 +30,7 @@ from flows.reporting import (
     publish_summary,
     start_progress,
 )
+from vcdl.assimilator import forget_run_cache
 from vcdl.chaos import Preemptor, chaos_schedule
 from vcdl.config import RunConfig, resolve_home
 from vcdl.console import console_off_thread
@@ -233,6 +234,8 @@ def _train(config: RunConfig, home: str | None, chaos: ChaosSpec | None) -> dict
         except BaseException:
             ledger.update_run(ref.run, state="failed")
             raise
+        finally:
+            forget_run_cache(ref)  # the head kept across epochs: its memory
         ledger.update_run(ref.run, state="completed")
     ProgressUpdater(ref, progress_id, cfg.run.epochs, cfg.data.shards)(force=True)
     summary = run_status(ledger, ref.run)

@@ -83,7 +83,7 @@ class HeadCache:
         self.state: StateDict | None = None
         self._owned = False
         self._spare: StateDict | None = None
-        self._keep = keep
+        self.keep = keep
         self._recent: OrderedDict[int, tuple[StateDict, bool]] = OrderedDict()
 
     def get(self, version: Version, load: Callable[[str], StateDict]) -> StateDict:
@@ -106,10 +106,10 @@ class HeadCache:
         self.number, self.state, self._owned = number, state, owned
         if old is None or old is state or old_number is None:
             return
-        if self._keep > 0:
+        if self.keep > 0:
             self._recent[old_number] = (old, old_owned)
             self._recent.pop(number, None)
-            if len(self._recent) <= self._keep:
+            if len(self._recent) <= self.keep:
                 return
             _, (old, old_owned) = self._recent.popitem(last=False)
         if old_owned:
@@ -147,6 +147,31 @@ class HeadCache:
 def head_cache(cfg: RunConfig) -> HeadCache:
     """The cache a run's merger needs: with recent bases kept for the ``delta`` rule."""
     return HeadCache(keep=DELTA_KEEP if cfg.merge.rule == "delta" else 0)
+
+
+# The driver's caches, one per run it drives, kept across the run's epochs.
+_RUN_CACHES: dict[tuple[str, str, str], HeadCache] = {}
+
+
+def run_head_cache(ref: RunRef, cfg: RunConfig) -> HeadCache:
+    """This process's cache for the run, kept from one epoch to the next.
+
+    Each epoch would otherwise start by reading the head back from the store
+    (and, for the ``delta`` rule, the bases) and allocate a fresh spare. A
+    cached version is safe to reuse: a run's versions are never rewritten,
+    and the key names the ledger and the store as well as the run.
+    """
+    key = (ref.ledger_url, ref.store_url, ref.run)
+    keep = DELTA_KEEP if cfg.merge.rule == "delta" else 0
+    cache = _RUN_CACHES.get(key)
+    if cache is None or cache.keep != keep:
+        cache = _RUN_CACHES[key] = head_cache(cfg)
+    return cache
+
+
+def forget_run_cache(ref: RunRef) -> None:
+    """Drop the run's cache (its weights' memory); the driver calls it when the run ends."""
+    _RUN_CACHES.pop((ref.ledger_url, ref.store_url, ref.run), None)
 
 
 def merge_alpha(cfg: RunConfig, epoch: int, staleness: int, merged_in_epoch: int) -> float | None:

@@ -60,7 +60,7 @@ def test_two_results_from_one_base_average_and_the_next_starts_from_them(
     ]
 
     cache = head_cache(cfg)
-    assert cache._keep > 0  # the delta rule keeps recent bases
+    assert cache.keep > 0  # the delta rule keeps recent bases
     out1 = merge_attempt(ref, str(first.attempt_id), cfg, cache=cache)
     # A new merger process has no kept versions: v0 comes from the store.
     out2 = merge_attempt(

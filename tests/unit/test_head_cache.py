@@ -9,6 +9,8 @@ versions have been put.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from vcdl.assimilator import HeadCache
@@ -160,3 +162,25 @@ def test_a_delta_merge_never_writes_into_its_base() -> None:
     assert ptrs(new).isdisjoint(ptrs(v0))
     assert torch.equal(v0["w"], torch.zeros(3, 2))
     assert torch.equal(new["w"], torch.full((3, 2), 5.0))  # 4 + 0.5 * (2 - 0)
+
+
+def test_the_driver_keeps_one_cache_per_run_across_epochs(tmp_path: Path) -> None:
+    from vcdl.assimilator import forget_run_cache, run_head_cache
+    from vcdl.config import parse_config
+    from vcdl.runtime import RunRef
+
+    cfg = parse_config({"run": {"name": "r"}}).with_locations(tmp_path)
+    ref = RunRef.from_config(cfg)
+    cache = run_head_cache(ref, cfg)
+    cache.put(3, state(1.0), owned=True)
+    assert run_head_cache(ref, cfg) is cache  # the next epoch finds v3 in memory
+    # Another store (or ledger, or run) with the same run name is another run.
+    elsewhere = ref.model_copy(update={"store_url": str(tmp_path / "other")})
+    assert run_head_cache(elsewhere, cfg) is not cache
+    # The delta rule keeps recent bases: a cache without them is replaced.
+    delta = cfg.updated(merge={"rule": "delta"})
+    assert run_head_cache(ref, delta).keep > 0
+    forget_run_cache(ref)
+    forget_run_cache(elsewhere)
+    assert run_head_cache(ref, cfg) is not cache
+    forget_run_cache(ref)
