@@ -144,9 +144,13 @@ class HeadCache:
         return merged
 
 
+def _kept_bases(cfg: RunConfig) -> int:
+    return DELTA_KEEP if cfg.merge.rule == "delta" else 0
+
+
 def head_cache(cfg: RunConfig) -> HeadCache:
     """The cache a run's merger needs: with recent bases kept for the ``delta`` rule."""
-    return HeadCache(keep=DELTA_KEEP if cfg.merge.rule == "delta" else 0)
+    return HeadCache(keep=_kept_bases(cfg))
 
 
 # The driver's caches, one per run it drives, kept across the run's epochs.
@@ -161,17 +165,20 @@ def run_head_cache(ref: RunRef, cfg: RunConfig) -> HeadCache:
     cached version is safe to reuse: a run's versions are never rewritten,
     and the key names the ledger and the store as well as the run.
     """
-    key = (ref.ledger_url, ref.store_url, ref.run)
-    keep = DELTA_KEEP if cfg.merge.rule == "delta" else 0
+    key = _run_key(ref)
     cache = _RUN_CACHES.get(key)
-    if cache is None or cache.keep != keep:
+    if cache is None or cache.keep != _kept_bases(cfg):
         cache = _RUN_CACHES[key] = head_cache(cfg)
     return cache
 
 
 def forget_run_cache(ref: RunRef) -> None:
     """Drop the run's cache (its weights' memory); the driver calls it when the run ends."""
-    _RUN_CACHES.pop((ref.ledger_url, ref.store_url, ref.run), None)
+    _RUN_CACHES.pop(_run_key(ref), None)
+
+
+def _run_key(ref: RunRef) -> tuple[str, str, str]:
+    return (ref.ledger_url, ref.store_url, ref.run)
 
 
 def merge_alpha(cfg: RunConfig, epoch: int, staleness: int, merged_in_epoch: int) -> float | None:

@@ -124,8 +124,7 @@ class ConsoleQueue:
         for handler in list(logger.handlers):
             if isinstance(handler, _Proxy) or not is_console(handler):
                 continue
-            proxy = _Proxy(handler, self)
-            proxy.setFormatter(handler.formatter)
+            proxy = _Proxy(handler, self)  # formats nothing: the target does, in the thread
             index = logger.handlers.index(handler)
             logger.handlers[index] = proxy
             self._swapped.append((logger, handler, proxy))
