@@ -13,8 +13,10 @@ a pipe, terminal or socket) on the root logger and on every existing logger with
 proxy. The proxy puts the record on a bounded queue and never waits. One
 daemon thread hands the records to the original handlers, so only that thread
 can block. When the queue is full, records are dropped and counted rather
-than stalling the caller. :meth:`ConsoleQueue.close` puts the original
-handlers back and waits a bounded time for the queue to drain.
+than stalling the caller; once the console takes writes again, the writer
+says how many were lost, on the same console, so a gap in a worker's log is
+never silent. :meth:`ConsoleQueue.close` puts the original handlers back and
+waits a bounded time for the queue to drain.
 """
 
 from __future__ import annotations
@@ -51,6 +53,19 @@ def is_console(handler: logging.Handler) -> bool:
         return False
 
 
+def _dropped(lost: int) -> logging.LogRecord:
+    """The notice written where ``lost`` records went missing."""
+    return logging.LogRecord(
+        __name__,
+        logging.WARNING,
+        __file__,
+        0,
+        "%d log records were dropped here: the console (stdout/stderr) did not keep up",
+        (lost,),
+        None,
+    )
+
+
 class _Proxy(logging.Handler):
     """Stands in for one console handler: enqueues, never waits.
 
@@ -82,23 +97,29 @@ class ConsoleQueue:
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
-        self._queue: queue.Queue[tuple[logging.Handler, logging.LogRecord] | object] = queue.Queue(
-            capacity
+        self._queue: queue.Queue[tuple[logging.Handler, logging.LogRecord, int] | object] = (
+            queue.Queue(capacity)
         )
         self._swapped: list[tuple[logging.Logger, logging.Handler, _Proxy]] = []
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self.dropped = 0
         """Records dropped because the console did not keep up."""
+        self.reported = 0
+        """Of :attr:`dropped`, how many a queued record carries a notice of."""
         self._thread = threading.Thread(target=self._write, name="vcdl-console", daemon=True)
         self._thread.start()
 
     def put(self, target: logging.Handler, record: logging.LogRecord) -> None:
-        try:
-            self._queue.put_nowait((target, record))
-        except queue.Full:
-            with self._lock:
+        with self._lock:  # put_nowait never waits: holding the lock costs nothing
+            try:
+                # The first record queued after a gap carries its size, so the
+                # notice is written exactly where the records went missing.
+                self._queue.put_nowait((target, record, self.dropped - self.reported))
+            except queue.Full:
                 self.dropped += 1
+            else:
+                self.reported = self.dropped
 
     def _write(self) -> None:
         while True:
@@ -116,8 +137,11 @@ class ConsoleQueue:
             # before a level change.
             # Handler.handle applies the target's filters and reports its own
             # errors (handleError); nothing here may end the thread.
+            target, record, lost = item
             with contextlib.suppress(Exception):
-                item[0].handle(item[1])
+                if lost:
+                    target.handle(_dropped(lost))
+                target.handle(record)
 
     def swap(self, logger: logging.Logger) -> None:
         """Replace ``logger``'s console handlers with proxies."""
@@ -128,6 +152,11 @@ class ConsoleQueue:
             index = logger.handlers.index(handler)
             logger.handlers[index] = proxy
             self._swapped.append((logger, handler, proxy))
+
+    @property
+    def pending(self) -> int:
+        """Records queued that the console has not taken yet."""
+        return self._queue.qsize()
 
     @property
     def handlers(self) -> int:
@@ -180,10 +209,11 @@ def console_off_thread(capacity: int = DEFAULT_CAPACITY) -> Iterator[ConsoleQueu
         yield console
     finally:
         console.close()
-        if console.dropped:
+        # Drops after the last record the writer wrote were never reported.
+        if console.dropped > console.reported:
             logging.getLogger(__name__).warning(
                 "%d log records were dropped: the console (stdout/stderr) did not keep up",
-                console.dropped,
+                console.dropped - console.reported,
             )
 
 

@@ -13,6 +13,7 @@ classification with cross-entropy; labels are integer class ids.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from torch import nn
 
 from vcdl.config import TrainSection
 from vcdl.types import StateDict
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -154,8 +157,14 @@ def train_attempt(
     xt, yt = _as_tensors(x, y, device)
     n = len(xt)
     opt = make_optimizer([p for p in model.parameters() if p.requires_grad], cfg)
-    if optimizer_state is not None:
-        carry(opt, optimizer_state)
+    if optimizer_state is not None and not carry(opt, optimizer_state):
+        # Said, not silent: train.optimizer_state = "worker" doing nothing
+        # (after a model or optimizer change) would otherwise go unnoticed.
+        log.warning(
+            "the optimizer state kept from this worker's last attempt does not fit "
+            "this model and optimizer (%s); this attempt starts a fresh one",
+            cfg.optimizer,
+        )
     # bfloat16 autocast needs no loss scaling; on CPU it stays off (no speed-up
     # for these models and it would change the numerics of CPU runs).
     amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.amp and device.type == "cuda")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import fcntl
 import io
+import itertools
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -186,3 +188,59 @@ def test_a_second_install_does_not_wrap_a_proxy(logger: logging.Logger) -> None:
 def test_capacity_must_be_positive() -> None:
     with pytest.raises(ValueError, match="capacity must be at least 1"):
         ConsoleQueue(capacity=0)
+
+
+def test_the_console_is_told_where_records_were_dropped(logger: logging.Logger) -> None:
+    r, w = _small_pipe()
+    stream = os.fdopen(w, "w", buffering=1)
+    logger.addHandler(logging.StreamHandler(stream))
+    console = ConsoleQueue(capacity=20)
+    console.swap(logger)
+    for i in range(500):  # the pipe and the queue fill: most of these are dropped
+        logger.warning("burst %04d %s", i, "x" * 90)
+    dropped = console.dropped
+    assert dropped > 0
+    chunks: list[bytes] = []
+
+    def read() -> None:
+        while chunk := os.read(r, 65536):
+            chunks.append(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()  # the console is read again
+    # Log again only once there is room: a record dropped here would leave the
+    # burst's last gap with nothing after it to carry its notice.
+    deadline = time.monotonic() + 10
+    while console.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    logger.warning("after the gap")
+    assert console.close(drain=10) is True
+    logger.handlers.clear()
+    stream.close()
+    reader.join(10)
+    os.close(r)
+    lines = b"".join(chunks).decode().splitlines()
+
+    # The writer may drain a little while the burst still runs, so the burst can
+    # have several gaps; each must be announced exactly where it is, with its size.
+    def number(line: str) -> int | None:  # a record's place in the sequence; None for a notice
+        if line.startswith("burst"):
+            return int(line.split()[1])
+        return 500 if line == "after the gap" else None
+
+    seen = [number(line) for line in lines]
+    announced = 0
+    for i, line in enumerate(lines):
+        if m := re.search(r"(\d+) log records were dropped here", line):
+            before, after = seen[i - 1], seen[i + 1]
+            assert before is not None and after is not None, lines[i - 1 : i + 2]
+            assert after - before - 1 == int(m[1]), lines[i - 1 : i + 2]
+            announced += int(m[1])
+    assert announced == dropped
+    burst = [line for line in lines if line.startswith("burst")]
+    assert len(burst) + dropped == 500
+    # No gap goes unannounced: consecutive records are consecutive numbers.
+    numbers = [n for n in seen if n is not None]
+    gaps = sum(b - a - 1 for a, b in itertools.pairwise(numbers))
+    assert gaps == dropped and numbers[-1] == 500
+    assert console.dropped == console.reported == dropped

@@ -57,7 +57,7 @@ def test_two_carried_attempts_equal_one_optimizer_over_both() -> None:
     assert not all(torch.equal(fresh.state[k], second.state[k]) for k in want)
 
 
-def test_a_state_that_does_not_fit_is_ignored() -> None:
+def test_a_state_that_does_not_fit_is_ignored(caplog: pytest.LogCaptureFixture) -> None:
     x, y = _data()
     other = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
     opt = torch.optim.Adam(other.parameters())
@@ -65,8 +65,12 @@ def test_a_state_that_does_not_fit_is_ignored() -> None:
     opt.step()
     alien = opt.state_dict()  # the same number of tensors, other shapes
     base = snapshot(_model())
-    carried = train_attempt(_model(), base, x, y, CFG, seed=1, optimizer_state=alien)
+    with caplog.at_level("WARNING", logger="vcdl.train"):
+        carried = train_attempt(_model(), base, x, y, CFG, seed=1, optimizer_state=alien)
+    assert "does not fit" in caplog.text  # said on the worker, not silently dropped
+    caplog.clear()
     fresh = train_attempt(_model(), base, x, y, CFG, seed=1)
+    assert "does not fit" not in caplog.text
     for k in base:
         assert torch.equal(carried.state[k], fresh.state[k])
     own = make_optimizer(list(_model().parameters()), CFG)
