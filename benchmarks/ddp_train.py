@@ -127,7 +127,13 @@ def main() -> None:
         first_epoch = resumed + 1
     ddp = DistributedDataParallel(model)
     per_rank = max(1, (args.batch or cfg.train.batch_size) // world)
-    sampler = DistributedSampler(range(len(x)), num_replicas=world, rank=rank, seed=cfg.run.seed)
+    # The sampler needs only len(); a range of row indices stands in for a Dataset.
+    sampler: DistributedSampler[int] = DistributedSampler(
+        range(len(x)),  # type: ignore[arg-type]
+        num_replicas=world,
+        rank=rank,
+        seed=cfg.run.seed,
+    )
     mark_t0 = rank == 0 and not _has_t0(events)
     if rank == 0:
         _event(events, event="start", restart=restart, resumed_epoch=resumed, world=world)

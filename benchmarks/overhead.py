@@ -514,9 +514,9 @@ def report(
     )
     print("\nvcdl per-attempt breakdown (merged attempts of all repeats; s)")
     print(f"{'phase':24} {'median':>8} {'mean':>8} {'% attempt':>10}")
-    for name, m, mean, pct in summarize_phases(runs):
+    for name, phase_median, mean, pct in summarize_phases(runs):
         pct_s = "" if pct != pct else f"{pct:9.1f}%"
-        print(f"{name:24} {m:8.3f} {mean:8.3f} {pct_s:>10}")
+        print(f"{name:24} {phase_median:8.3f} {mean:8.3f} {pct_s:>10}")
     print(
         "attempt wall = Σ of the rows above but 'queued': Dask scheduling after the worker was "
         "free, Prefect's engine before+after the body, ledger claim and merge commit, weight "

@@ -263,8 +263,12 @@ def run_one_process(cfg: RunConfig, npz: Path, snapshots_per_epoch: int) -> dict
             if (step + 1) % every == 0:
                 snaps.append((time.time() - t0, {k: v.clone() for k, v in snapshot(model)}))
     wall = time.time() - t0
-    curve = accuracies(cfg, npz, [(t, lambda s=s: s) for t, s in snaps])
+    curve = accuracies(cfg, npz, [(t, _const(state)) for t, state in snaps])
     return {"curve": curve, "train_wall": round(wall, 2), "total_wall": round(wall, 2)}
+
+
+def _const(state: dict[str, torch.Tensor]) -> Callable[[], Mapping[str, Any]]:
+    return lambda: state
 
 
 def snapshot(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -470,11 +474,11 @@ def _vcdl_scheduler() -> Iterator[Callable[[], Any]]:
             clients.append(Client(found[-1], timeout=30))
         return clients[-1]
 
-    fc.register_worker_plugins = register  # type: ignore[assignment]
+    fc.register_worker_plugins = register
     try:
         yield client
     finally:
-        fc.register_worker_plugins = original  # type: ignore[assignment]
+        fc.register_worker_plugins = original
         for c in clients:
             with contextlib.suppress(Exception):
                 c.close()
@@ -646,7 +650,7 @@ def part_b(s: Settings, npz: Path, work: Path, log: Callable[[str], None]) -> di
     )
     cfg = contenders["vcdl"]
     events = kill_schedule(s)
-    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in contenders} | {"ddp": []}
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in [*contenders, "ddp"]}
     for i in range(s.repeats_b):
         for j, (name, vcfg) in enumerate(contenders.items()):
             runs[name].append(
