@@ -31,7 +31,7 @@ from flows.train import train
 from vcdl.api import _ledger, run_ref
 from vcdl.artifacts import latest_descendant, pick_version, retrain_decision
 from vcdl.config import resolve_home
-from vcdl.errors import RunNotFound
+from vcdl.errors import LedgerNotFound, RunNotFound
 from vcdl.runs import ensure_dataset, load_version, prepare_run
 
 
@@ -65,7 +65,11 @@ def retrain(
     """Warm-start a new run from ``parent`` on the current data; skip if the data is unchanged."""
     log = get_run_logger()
     home_path = resolve_home(home)
-    ledger = _ledger(home_path, ledger_url)
+    try:
+        ledger = _ledger(home_path, ledger_url)
+    except LedgerNotFound as exc:  # the parent cannot exist: say so as for a missing run
+        emit("vcdl.retrain.failed", parent, {"error": str(exc)})
+        raise
     source = latest_descendant(ledger.list_runs(), parent) if follow_lineage else None
     if source is None:
         source = ledger.find_run(parent)

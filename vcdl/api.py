@@ -144,4 +144,6 @@ def default_ledger_url(home: str | Path | None = None) -> str:
 
 
 def _ledger(home: str | Path | None, ledger_url: str | None) -> Ledger:
-    return open_ledger(ledger_url or os.environ.get("VCDL_LEDGER_URL") or default_ledger_url(home))
+    """An existing ledger, for commands that read runs (LedgerNotFound if there is none)."""
+    url = ledger_url or os.environ.get("VCDL_LEDGER_URL") or default_ledger_url(home)
+    return open_ledger(url, create=False)

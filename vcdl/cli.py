@@ -351,7 +351,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"chaos: {pre.counts()} over {args.duration:.0f}s")
         return 0
     if args.command == "runs":
-        runs = api._ledger(args.home, args.ledger).list_runs()
+        from vcdl.errors import LedgerNotFound
+
+        try:
+            runs = api._ledger(args.home, args.ledger).list_runs()
+        except LedgerNotFound as exc:
+            print(f"no runs yet ({exc})")
+            return 0
         if not runs:
             print("no runs yet: `vcdl train CONFIG` starts one")
         for r in runs:

@@ -64,6 +64,12 @@ class RunNotFound(LedgerError, LookupError):
     exit_code = 2
 
 
+class LedgerNotFound(LedgerError, LookupError):
+    """No ledger where one was expected: no database file, or one without vcdl's tables."""
+
+    exit_code = 2
+
+
 class HeadConflict(LedgerError):
     """The head moved between reading it and the compare-and-swap; retry."""
 

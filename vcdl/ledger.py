@@ -141,12 +141,14 @@ class Ledger:
     directory is created) or ``postgresql+psycopg://user:pw@host/db``
     (``postgresql://`` is taken to mean psycopg 3; pool settings in the query,
     see :mod:`vcdl.ledger_engine`). The schema is created or migrated to the
-    newest revision on open.
+    newest revision on open; with ``create=False`` (read-only commands) a
+    missing database or schema raises :class:`LedgerNotFound` instead, so a
+    mistyped location is reported, not silently created empty.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, create: bool = True) -> None:
         self._url = url
-        self._db = LedgerEngine(url)
+        self._db = LedgerEngine(url, create=create)
         self._display = self._db.display
         self._engine = self._db.engine
         # PostgreSQL runs the merge path's statements on psycopg directly.
@@ -154,7 +156,7 @@ class Ledger:
             PgFastPath(self._engine, self._db.error) if self.backend == "postgresql" else None
         )
         try:
-            self._db.ensure_schema()
+            self._db.ensure_schema(create=create)
         except BaseException:
             self._db.dispose()
             raise

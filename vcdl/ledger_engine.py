@@ -95,7 +95,7 @@ from sqlalchemy.sql.expression import Executable
 from sqlmodel import SQLModel
 
 from vcdl import migrations
-from vcdl.errors import LedgerError
+from vcdl.errors import LedgerError, LedgerNotFound
 from vcdl.ledger_models import Version
 
 __all__ = [
@@ -209,9 +209,12 @@ class LedgerEngine:
     ``url`` as for :class:`vcdl.ledger.Ledger`. Raises :class:`LedgerError`
     (never showing the password) for a URL that cannot be parsed or a
     backend that is not supported; connects only in :meth:`ensure_schema`.
+    With ``create=False`` an SQLite file that does not exist raises
+    :class:`LedgerNotFound` (and no directory is made for it).
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, create: bool = True) -> None:
+        self._create = create
         try:
             parsed = make_url(url)
         except ArgumentError as exc:
@@ -241,6 +244,8 @@ class LedgerEngine:
             pool.pop("pool_ping_idle")  # a file does not hang up
             if not db or db == ":memory:" or db.startswith("file:"):
                 pool = {}  # SQLAlchemy picks a single-connection pool for these
+            elif not self._create and not Path(db).expanduser().is_file():
+                raise LedgerNotFound(_missing(f"no ledger file {db}"))
             else:
                 Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
             engine = create_engine(url, connect_args={"timeout": 30}, **pool)
@@ -351,8 +356,12 @@ class LedgerEngine:
 
     # -- the schema -----------------------------------------------------------
 
-    def ensure_schema(self) -> None:
+    def ensure_schema(self, *, create: bool = True) -> None:
         """Bring the schema to the newest migration, creating it in an empty database.
+
+        With ``create=False`` an empty database (no vcdl tables) raises
+        :class:`LedgerNotFound` and is left as it was; an older schema is
+        still upgraded (this vcdl cannot read it otherwise).
 
         At head already (every open but the first): one read. Otherwise one
         transaction under the schema lock — a PostgreSQL advisory lock per
@@ -363,10 +372,15 @@ class LedgerEngine:
         head = migrations.head_revision()
         try:
             with self.read_engine.connect() as conn:
-                if migrations.current_revision(conn) == head:
-                    return
+                current = migrations.current_revision(conn)
+                # A ledger from before migrations has its tables but no revision.
+                empty = current is None and not migrations.has_ledger_tables(conn)
         except DBAPIError as exc:
             raise self.error(exc, "cannot open ledger") from exc
+        if current == head:
+            return
+        if empty and not create:
+            raise LedgerNotFound(_missing(f"ledger {self.display} holds no vcdl tables"))
 
         def upgrade(conn: Connection) -> str | None:
             if self.backend == "postgresql":
@@ -378,6 +392,13 @@ class LedgerEngine:
         before = self.write(upgrade)
         if before != head:
             log.info("ledger %s: schema %s -> %s", self.display, before or "(new)", head)
+
+
+def _missing(what: str) -> str:
+    return (
+        f"{what}: no run has been trained with this ledger. Pass the run's --home "
+        "(or --ledger / $VCDL_LEDGER_URL) to read an existing one; `vcdl train` creates one."
+    )
 
 
 def _ping_when_idle(engine: Engine, idle_seconds: float) -> None:

@@ -56,9 +56,13 @@ class RunRef(BaseModel):
 
 
 @functools.lru_cache(maxsize=8)
-def open_ledger(url: str) -> Ledger:
-    """One :class:`Ledger` (engine and pool) per URL per process."""
-    return Ledger(url)
+def open_ledger(url: str, *, create: bool = True) -> Ledger:
+    """One :class:`Ledger` (engine and pool) per URL per process.
+
+    ``create=False`` for commands that only read: a ledger that does not exist
+    raises :class:`~vcdl.errors.LedgerNotFound` instead of being created empty.
+    """
+    return Ledger(url, create=create)
 
 
 @functools.lru_cache(maxsize=8)

@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+import re
 import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import text
@@ -24,7 +26,14 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 
-from vcdl.errors import AlreadyMerged, HeadConflict, LeaseHeld, LedgerError, RunNotFound
+from vcdl.errors import (
+    AlreadyMerged,
+    HeadConflict,
+    LeaseHeld,
+    LedgerError,
+    LedgerNotFound,
+    RunNotFound,
+)
 from vcdl.ledger import HeadMoved, Ledger, Version, redact_url
 from vcdl.ledger_engine import LedgerEngine
 
@@ -505,6 +514,26 @@ def test_reopen_sees_the_same_ledger(ledger: Ledger) -> None:
     with Ledger(ledger.url) as again:
         assert again.head("a").number == 1
         assert len(again.subtasks("a")) == 4
+
+
+def test_a_reader_never_creates_a_ledger(db_url: str) -> None:
+    url = make_url(db_url)
+    if url.get_backend_name() == "sqlite":
+        path = Path(str(url.database))
+        with pytest.raises(LedgerNotFound, match=re.escape(f"no ledger file {path}")):
+            Ledger(db_url, create=False)
+        assert not path.parent.exists()  # not even its directory
+        path.parent.mkdir()
+        sqlite3.connect(path).close()  # an empty database file
+    # An empty database (an empty SQLite file, a fresh PostgreSQL schema): a
+    # read-only open says so and leaves it empty.
+    with pytest.raises(LedgerNotFound, match=r"no vcdl tables.*--home"):
+        Ledger(db_url, create=False)
+    with Ledger(db_url) as made:  # a writer creates it ...
+        assert made.list_runs() == []
+        made.create_run("a", "{}", "a/v0", "c0")
+    with Ledger(db_url, create=False) as reader:  # ... and then readers open it
+        assert [r.name for r in reader.list_runs()] == ["a"]
 
 
 def test_password_never_shown(db_url: str) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from vcdl.cli import main
+from vcdl.ledger import Ledger
 
 GOOD = """
 [run]
@@ -83,8 +84,29 @@ def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 
 
 def test_unknown_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    Ledger(f"sqlite:///{tmp_path / 'ledger.db'}").close()  # a ledger without that run
     code, err = _run(["status", "ghost", "--home", str(tmp_path)], capsys)
     assert code == 2 and "no run 'ghost'" in err
+
+
+@pytest.mark.parametrize("command", ["status", "cost", "audit", "resume"])
+def test_reading_a_home_without_a_ledger_creates_none(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A mistyped --home is named as such, not answered from a new empty ledger.
+    home = tmp_path / "typo"
+    code, err = _run([command, "ghost", "--home", str(home)], capsys)
+    assert code == 2, err
+    assert f"no ledger file {home / 'ledger.db'}" in err and "--home" in err, err
+    assert not home.exists()
+
+
+def test_runs_in_a_fresh_home(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["runs", "--home", str(tmp_path / "fresh")])
+    assert (info.value.code or 0) == 0
+    assert capsys.readouterr().out.startswith("no runs yet")
+    assert not (tmp_path / "fresh").exists()
 
 
 def test_bad_set_override(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

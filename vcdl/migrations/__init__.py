@@ -83,6 +83,11 @@ def current_revision(connection: Connection) -> str | None:
     return MigrationContext.configure(connection).get_current_revision()
 
 
+def has_ledger_tables(connection: Connection) -> bool:
+    """True when any of the ledger's tables exists at ``connection``."""
+    return bool(LEDGER_TABLES & set(inspect(connection).get_table_names()))
+
+
 def upgrade(connection: Connection, display: str = "the ledger") -> str | None:
     """Bring the schema at ``connection`` to the head revision; return the revision it was at.
 
