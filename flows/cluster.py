@@ -73,9 +73,29 @@ def training_slots(cfg: RunConfig) -> int | None:
     return None if cfg.cluster.address else cfg.cluster.threads_per_worker
 
 
+#: Dask loggers whose INFO records are tracebacks of a normal shutdown.
+BENIGN_INFO_LOGGERS = ("distributed.batched",)
+
+
+def quiet_benign_logs() -> None:
+    """Raise the loggers of :data:`BENIGN_INFO_LOGGERS` to WARNING.
+
+    When a worker's connection closes (the run ending, a worker retired or
+    killed), the scheduler's batched stream logs "Batched Comm Closed" at INFO
+    *with a full CommClosedError traceback*: at the end of a successful run a
+    user saw a traceback and took it for a failure. Its warnings and errors
+    still show.
+    """
+    for name in BENIGN_INFO_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.getEffectiveLevel() < logging.WARNING:
+            logger.setLevel(logging.WARNING)
+
+
 @contextmanager
 def dask_cluster(cfg: RunConfig) -> Iterator[str]:
     """Yield a scheduler address: the configured one, or a LocalCluster's."""
+    quiet_benign_logs()
     if cfg.cluster.address:
         register_worker_plugins(cfg.cluster.address)
         yield cfg.cluster.address
@@ -162,6 +182,7 @@ def warm_up() -> None:
     # The worker shares the driver's stdout/stderr: a blocked console must not
     # stall its task threads or its event loop either.
     install_for_process()
+    quiet_benign_logs()  # a worker of an external fleet logs INFO by default
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
