@@ -16,7 +16,9 @@ can block. When the queue is full, records are dropped and counted rather
 than stalling the caller; once the console takes writes again, the writer
 says how many were lost, on the same console, so a gap in a worker's log is
 never silent. :meth:`ConsoleQueue.close` puts the original handlers back and
-waits a bounded time for the queue to drain.
+waits a bounded time for the queue to drain; :func:`close_and_report` then
+names the drops after the last record, which no later record could announce
+(at a worker's exit, too).
 """
 
 from __future__ import annotations
@@ -201,6 +203,22 @@ def install(capacity: int = DEFAULT_CAPACITY) -> ConsoleQueue:
     return console
 
 
+def close_and_report(console: ConsoleQueue, drain: float = DEFAULT_DRAIN) -> bool:
+    """:meth:`ConsoleQueue.close`, then name the drops no notice in the stream covers.
+
+    Records dropped after the last one queued have no later record to carry
+    their notice; they are counted on the restored console instead. Only when
+    the queue drained: a console still blocked would block this write too.
+    """
+    drained = console.close(drain)
+    lost = console.dropped - console.reported
+    if drained and lost > 0:
+        logging.getLogger(__name__).warning(
+            "%d log records were dropped: the console (stdout/stderr) did not keep up", lost
+        )
+    return drained
+
+
 @contextmanager
 def console_off_thread(capacity: int = DEFAULT_CAPACITY) -> Iterator[ConsoleQueue]:
     """:func:`install` for the block; the handlers are restored after it."""
@@ -208,13 +226,7 @@ def console_off_thread(capacity: int = DEFAULT_CAPACITY) -> Iterator[ConsoleQueu
     try:
         yield console
     finally:
-        console.close()
-        # Drops after the last record the writer wrote were never reported.
-        if console.dropped > console.reported:
-            logging.getLogger(__name__).warning(
-                "%d log records were dropped: the console (stdout/stderr) did not keep up",
-                console.dropped - console.reported,
-            )
+        close_and_report(console)
 
 
 _process_console: ConsoleQueue | None = None
@@ -225,5 +237,6 @@ def install_for_process() -> ConsoleQueue:
     global _process_console
     if _process_console is None:
         _process_console = install()
-        atexit.register(_process_console.close, 1.0)
+        # A short drain: a worker being replaced must not linger on a stalled pipe.
+        atexit.register(close_and_report, _process_console, 1.0)
     return _process_console

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import io
 import itertools
@@ -14,7 +15,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from vcdl.console import ConsoleQueue, console_off_thread, install, is_console
+from vcdl.console import (
+    ConsoleQueue,
+    close_and_report,
+    console_off_thread,
+    install,
+    is_console,
+)
 
 
 @pytest.fixture
@@ -56,6 +63,17 @@ def _own(logger: logging.Logger) -> list[logging.Handler]:
 def _small_pipe() -> tuple[int, int]:
     r, w = os.pipe()
     fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)  # the smallest a pipe gets: it fills at once
+    return r, w
+
+
+def _full_pipe() -> tuple[int, int]:
+    """A small pipe already full: the next write to it blocks."""
+    r, w = _small_pipe()
+    os.set_blocking(w, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(w, b"." * 512)
+    os.set_blocking(w, True)
     return r, w
 
 
@@ -244,3 +262,65 @@ def test_the_console_is_told_where_records_were_dropped(logger: logging.Logger) 
     gaps = sum(b - a - 1 for a, b in itertools.pairwise(numbers))
     assert gaps == dropped and numbers[-1] == 500
     assert console.dropped == console.reported == dropped
+
+
+def _burst(logger: logging.Logger, n: int) -> None:
+    for i in range(n):
+        logger.warning("burst %04d %s", i, "x" * 90)
+
+
+def test_drops_after_the_last_record_are_counted_at_close(logger: logging.Logger) -> None:
+    r, w = _small_pipe()
+    stream = os.fdopen(w, "w", buffering=1)
+    handler = logging.StreamHandler(stream)
+    logger.addHandler(handler)
+    notices = logging.getLogger("vcdl.console")  # where close_and_report speaks
+    notices.addHandler(handler)
+    console = ConsoleQueue(capacity=20)
+    console.swap(logger)
+    chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(r, 65536), b"")))
+    try:
+        _burst(logger, 500)  # nobody reads: the pipe, then the queue fill
+        tail = console.dropped - console.reported
+        assert tail > 0  # the burst ends in a gap no later record can announce
+        reader.start()
+        assert close_and_report(console, drain=10) is True
+    finally:
+        notices.removeHandler(handler)
+        logger.handlers.clear()
+        stream.close()
+    reader.join(10)
+    os.close(r)
+    lines = b"".join(chunks).decode().splitlines()
+    assert lines[-1].startswith(f"{tail} log records were dropped: "), lines[-2:]
+    in_stream = sum(int(m[1]) for line in lines if (m := re.match(r"(\d+) log records", line)))
+    assert in_stream == console.dropped  # every drop is named once, the tail included
+
+
+def test_a_console_still_blocked_at_close_is_not_written_to(
+    logger: logging.Logger, caplog: pytest.LogCaptureFixture
+) -> None:
+    r, w = _full_pipe()
+    stream = os.fdopen(w, "w", buffering=1)
+    logger.addHandler(logging.StreamHandler(stream))
+    console = ConsoleQueue(capacity=5)
+    console.swap(logger)
+    _burst(logger, 200)
+    started = time.perf_counter()
+    with caplog.at_level(logging.WARNING, logger="vcdl.console"):
+        assert close_and_report(console, drain=0.2) is False
+    assert time.perf_counter() - started < 5  # bounded: a stalled pipe does not hold the exit
+    assert "were dropped" not in caplog.text  # that write would block as well
+    done = threading.Event()
+    drain = threading.Thread(target=_drain_until, args=(r, done))
+    drain.start()  # let the writer thread finish before the pipe goes away
+    deadline = time.monotonic() + 10
+    while console.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.6)  # the writer sees the empty queue and the close, and ends
+    done.set()
+    drain.join(5)
+    logger.handlers.clear()
+    stream.close()
+    os.close(r)
