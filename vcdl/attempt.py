@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from vcdl.assimilator import MERGEABLE_ATTEMPT_STATES
-from vcdl.checkpoints import CheckpointWriter
+from vcdl.checkpoints import FAILURES_KEY, CheckpointWriter
 from vcdl.config import RunConfig
 from vcdl.data import open_dataset, read_rows, shard_indices
 from vcdl.errors import IntegrityError, LedgerError, StoreNotFoundError
@@ -235,6 +235,10 @@ def _close_writer(writer: CheckpointWriter, timings: dict[str, float]) -> None:
     if writer.written or writer.failed:
         # Background seconds: they overlapped training, unlike the wait.
         timings["checkpoint"] = writer.write_seconds
+    if writer.failed:
+        # Only the worker's log said so before: a store that refuses
+        # checkpoints silently turns every kill back into a full re-run.
+        timings[FAILURES_KEY] = float(writer.failed)
     if waited > 0.001:
         timings["checkpoint_wait"] = waited
 

@@ -13,7 +13,9 @@ seconds. :class:`CheckpointWriter` writes in one background thread instead:
   and a newer one replaces it (only the newest is worth writing), so at
   most two copies of the weights wait in memory;
 * a failed write is logged and counted, never raised into training: a
-  checkpoint is insurance, and the previous one stays recorded;
+  checkpoint is insurance, and the previous one stays recorded; the count
+  reaches the ledger with the attempt (``timings[FAILURES_KEY]``), so that
+  ``vcdl status`` warns that kills will lose more than they should;
 * :meth:`CheckpointWriter.close` drops what waits and lets the write in
   flight finish, so that the caller deletes the attempt's checkpoint after
   the last one was recorded, not before.
@@ -29,6 +31,10 @@ from collections.abc import Callable
 from vcdl.types import StateDict
 
 log = logging.getLogger(__name__)
+
+FAILURES_KEY = "checkpoint_failures"
+"""The key under which an attempt's ``timings`` count its failed checkpoint
+writes: a count, not seconds, so no breakdown of phases sums it."""
 
 Write = Callable[[StateDict, int, float], None]
 """Writes and records one checkpoint: (state, samples seen, training seconds)."""

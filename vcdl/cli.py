@@ -246,6 +246,12 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
         f"mean staleness {f'{mean_stale:.2f}' if mean_stale is not None else '-'}, "
         f"goodput {f'{goodput:.1%}' if goodput is not None else '-'}"
     )
+    failures = summary.get("checkpoint_failures", 0)
+    if failures:
+        print(
+            f"warning: {failures} checkpoint write(s) failed (the workers' logs say why); "
+            "a kill loses the training since the last checkpoint written"
+        )
     phases = summary.get("phases") or {}
     if phases:
         order = sorted(phases.items(), key=lambda kv: -kv[1])

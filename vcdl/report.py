@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
+from vcdl.checkpoints import FAILURES_KEY
 from vcdl.config import RunConfig
 from vcdl.cost import (
     salvaged_attempts,
@@ -88,6 +89,7 @@ def run_status(ledger: Ledger, name: str) -> dict[str, Any]:
         "mean_staleness": sum(all_stale) / len(all_stale) if all_stale else None,
         "resumed": sum(1 for a in attempts if a.resumed_from),
         "salvaged_seconds": salvaged_seconds(attempts, salvaged),
+        "checkpoint_failures": checkpoint_failures(attempts),
         "goodput": useful / trained if trained else None,
         "phases": phase_means(attempts),
         "created_at": run.created_at.isoformat(),
@@ -114,8 +116,14 @@ def phase_means(attempts: list[Attempt]) -> dict[str, float]:
             continue
         n += 1
         for k, v in phases.items():
-            sums[k] += v
+            if k != FAILURES_KEY:  # a count, not a phase
+                sums[k] += v
     return {k: sums[k] / n for k in sorted(sums)} if n else {}
+
+
+def checkpoint_failures(attempts: list[Attempt]) -> int:
+    """Checkpoint writes that failed, over every attempt that recorded its end."""
+    return sum(int(attempt_timings(a).get(FAILURES_KEY, 0)) for a in attempts)
 
 
 def audit_run(ref: RunRef, deep: bool = False) -> list[str]:

@@ -198,6 +198,43 @@ def test_slow_checkpoint_writes_overlap_training_and_leave_nothing_behind(
     assert names and not [n for n in names if "-ckpt" in n], names  # the result alone
 
 
+def test_failed_checkpoint_writes_reach_the_ledger_and_the_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A store that refuses every checkpoint (a full disk, a revoked S3 key):
+    # training goes on, and the run's status says that kills now cost more.
+    from vcdl.checkpoints import FAILURES_KEY
+    from vcdl.cli import _print_summary
+    from vcdl.ledger import attempt_timings
+    from vcdl.report import phase_means, run_status
+    from vcdl.store import WeightStore
+
+    plain = WeightStore.write_state
+
+    def refuse(self: WeightStore, path: str, *args: object, **kwargs: object) -> object:
+        if "-ckpt" in path:
+            raise OSError(28, "No space left on device")
+        return plain(self, path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(WeightStore, "write_state", refuse)
+    ref, cfg = make_run(tmp_path, checkpoint_seconds=0.02)
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"local_epochs": 3})})
+    out = run_attempt(ref, 0, 0, config=cfg)
+    assert out.state == "finished" and out.samples == 3 * 1600
+    failed = out.timings[FAILURES_KEY]
+    assert failed >= 1
+    attempt = ref.ledger().get_attempt(str(out.attempt_id))
+    assert attempt.checkpoint_uri is None
+    assert attempt_timings(attempt)[FAILURES_KEY] == failed
+    assert merge_attempt(ref, str(out.attempt_id), cfg).kind == "merged"
+    summary = run_status(ref.ledger(), ref.run)
+    assert summary["checkpoint_failures"] == int(failed)
+    assert FAILURES_KEY not in summary["phases"]  # a count, not seconds
+    assert FAILURES_KEY not in phase_means(ref.ledger().attempts(ref.run))
+    _print_summary(summary, as_json=False)
+    assert f"warning: {int(failed)} checkpoint write(s) failed" in capsys.readouterr().out
+
+
 def test_a_worker_carries_its_optimizer_between_attempts_when_asked(tmp_path: Path) -> None:
     from vcdl import attempt as attempt_module
 

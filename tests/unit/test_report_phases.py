@@ -34,3 +34,17 @@ def test_phase_means_over_merged_attempts_with_a_breakdown() -> None:
 def test_unreadable_timings_are_no_breakdown() -> None:
     bad = _attempt("merged", None).model_copy(update={"timings": "not json"})
     assert phase_means([bad]) == {}
+
+
+def test_checkpoint_failures_are_counted_not_averaged_as_a_phase() -> None:
+    from vcdl.checkpoints import FAILURES_KEY
+    from vcdl.report import checkpoint_failures
+
+    attempts = [
+        _attempt("merged", {"train": 4.0, FAILURES_KEY: 2.0}),
+        _attempt("merged", {"train": 6.0}),
+        _attempt("killed", {FAILURES_KEY: 1.0}),  # not merged, yet it failed to checkpoint
+    ]
+    assert FAILURES_KEY not in phase_means(attempts)
+    assert checkpoint_failures(attempts) == 3
+    assert checkpoint_failures(attempts[1:2]) == 0
