@@ -136,6 +136,10 @@ def preemptions(address: str, spec: ChaosSpec | None) -> Iterator[Preemptor | No
         yield p
     finally:
         p.stop()
+        # Its Dask client must close before the cluster does: a client left
+        # open reconnects to the closed scheduler and logs ConnectionRefused
+        # tracebacks after a successful run.
+        p.join(timeout=30)
 
 
 def _named(config: RunConfig) -> RunConfig:

@@ -131,6 +131,15 @@ def test_chaos_run_matches_fault_free(prefect_api: None, tmp_path: Path) -> None
     text = _tail(home, "resume")
     print(text)
     assert resumed.returncode == 0, text
+    # The preemption simulator's Dask client closes before the cluster: one
+    # left open reconnects to the closed scheduler and logs tracebacks after
+    # a successful run.
+    client_errors = [
+        line
+        for line in (home / "resume.log").read_text(errors="replace").splitlines()
+        if "distributed.client" in line and "ERROR" in line
+    ]
+    assert client_errors == [], text
 
     status = api.status("chaos", home=home)
     counts = _events(log)
