@@ -66,6 +66,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -446,42 +447,56 @@ def _first_submit_mark(on_first: Callable[[float], None]) -> Iterator[list[float
 
 @contextlib.contextmanager
 def _vcdl_scheduler() -> Iterator[Callable[[], Any]]:
-    """A Dask client of the LocalCluster vcdl starts for the run, once it is up.
+    """A Dask client of the LocalCluster vcdl starts for the run, while it is up.
 
     vcdl's own cluster (flows/cluster.py: a spare thread per worker, warm-up
     plugin, watchdog) is what users get, so the benchmark runs on it instead
-    of one of its own; its scheduler address is caught as flows/cluster.py
-    registers the worker plugins (after the workers are warm), without
-    changing flows/. The client is made on first use (the kill schedule's
-    first event), closed on exit.
+    of one of its own; its scheduler address is caught where flows/train.py
+    enters it (after the workers are warm), without changing flows/. The
+    client is made on first use (the kill schedule's first event) and closed
+    before the cluster is: a client left open reconnects to the closed
+    scheduler and logs ConnectionRefused tracebacks after every run.
     """
     from distributed import Client
 
-    import flows.cluster as fc
+    import flows.train as ft
 
-    original = fc.register_worker_plugins
+    original = ft.dask_cluster
     found: list[str] = []
     clients: list[Client] = []
+    closed = threading.Event()
+    lock = threading.Lock()  # the kill thread makes clients; the driver closes them
 
-    def register(address: str) -> None:
-        original(address)
-        found.append(address)
+    def close_clients() -> None:
+        with lock:
+            closed.set()
+            for c in clients:
+                with contextlib.suppress(Exception):
+                    c.close()
+
+    @contextlib.contextmanager
+    def cluster(cfg: RunConfig) -> Iterator[str]:
+        with original(cfg) as address:
+            found.append(address)
+            try:
+                yield address
+            finally:
+                close_clients()
 
     def client() -> Client:
-        if not found:
-            raise RuntimeError("no vcdl cluster yet")
-        if not clients or clients[-1].scheduler.address != found[-1]:
-            clients.append(Client(found[-1], timeout=30))
-        return clients[-1]
+        with lock:
+            if closed.is_set() or not found:
+                raise RuntimeError("no vcdl cluster up")
+            if not clients or clients[-1].scheduler.address != found[-1]:
+                clients.append(Client(found[-1], timeout=30))
+            return clients[-1]
 
-    fc.register_worker_plugins = register
+    ft.dask_cluster = cluster
     try:
         yield client
     finally:
-        fc.register_worker_plugins = original
-        for c in clients:
-            with contextlib.suppress(Exception):
-                c.close()
+        ft.dask_cluster = original
+        close_clients()
 
 
 def run_vcdl(
