@@ -462,41 +462,45 @@ def _vcdl_scheduler() -> Iterator[Callable[[], Any]]:
     import flows.train as ft
 
     original = ft.dask_cluster
-    found: list[str] = []
-    clients: list[Client] = []
-    closed = threading.Event()
-    lock = threading.Lock()  # the kill thread makes clients; the driver closes them
+    lock = threading.Lock()  # the kill thread makes the client; the driver closes it
+    address: str | None = None  # of the cluster while it is up
+    held: Client | None = None
 
-    def close_clients() -> None:
+    def close_client() -> None:
+        nonlocal address, held
         with lock:
-            closed.set()
-            for c in clients:
+            address = None
+            if held is not None:
                 with contextlib.suppress(Exception):
-                    c.close()
+                    held.close()
+                held = None
 
     @contextlib.contextmanager
     def cluster(cfg: RunConfig) -> Iterator[str]:
-        with original(cfg) as address:
-            found.append(address)
+        nonlocal address
+        with original(cfg) as up:
+            with lock:
+                address = up
             try:
-                yield address
+                yield up
             finally:
-                close_clients()
+                close_client()
 
     def client() -> Client:
+        nonlocal held
         with lock:
-            if closed.is_set() or not found:
+            if address is None:
                 raise RuntimeError("no vcdl cluster up")
-            if not clients or clients[-1].scheduler.address != found[-1]:
-                clients.append(Client(found[-1], timeout=30))
-            return clients[-1]
+            if held is None:
+                held = Client(address, timeout=30)
+            return held
 
     ft.dask_cluster = cluster
     try:
         yield client
     finally:
         ft.dask_cluster = original
-        close_clients()
+        close_client()
 
 
 def run_vcdl(

@@ -137,26 +137,9 @@ class Preemptor(threading.Thread):
         self.min_workers = min_workers
         self.records: list[ChaosRecord] = []
         self._stop_event = threading.Event()
-        # Notices whose grace period runs, and the clients their finishers
-        # hold: stop() ends both, so that no client outlives the cluster (one
-        # left open reconnects to the closed scheduler and logs tracebacks
-        # after a successful run).
-        self._lock = threading.Lock()
-        self._timers: list[threading.Timer] = []
-        self._clients: set[Any] = set()
 
     def stop(self) -> None:
-        """Stop firing; cancel pending notice finishers and close their clients."""
         self._stop_event.set()
-        with self._lock:
-            for timer in self._timers:
-                timer.cancel()
-            clients = list(self._clients)
-        for client in clients:
-            try:
-                client.close(timeout=5)
-            except Exception as exc:  # closing anyway; say why it was not clean
-                log.debug("chaos: closing a notice finisher's client: %s", exc)
 
     def counts(self) -> dict[str, int]:
         out = {"kill": 0, "notice": 0}
@@ -179,6 +162,10 @@ class Preemptor(threading.Thread):
         from distributed import Client
 
         start = time.monotonic()
+        # One client for the thread and the notices' finishers, closed when
+        # the thread ends: stop() and a join() close it before the caller
+        # closes the cluster (a client left open reconnects to the closed
+        # scheduler and logs tracebacks after a successful run).
         with Client(self.address, timeout=30) as client:
             for event in self.events:
                 delay = event.at - (time.monotonic() - start)
@@ -187,6 +174,8 @@ class Preemptor(threading.Thread):
                 if self._stop_event.is_set():
                     return
                 self._fire(client, event, time.monotonic() - start)
+            # The last notices' finishers still need the client.
+            self._stop_event.wait(self.grace + 1)
 
     def _fire(self, client: object, event: ChaosEvent, now: float) -> None:
         from distributed import Client
@@ -210,36 +199,23 @@ class Preemptor(threading.Thread):
             return
         self._record(ChaosRecord(now, event.kind, worker, pid, "sent"))
         if event.kind == "notice":
-            timer = threading.Timer(self.grace, self._finish_notice, args=(worker, pid))
+            timer = threading.Timer(self.grace, self._finish_notice, args=(client, worker, pid))
             timer.daemon = True
-            with self._lock:
-                self._timers = [t for t in self._timers if t.is_alive()] + [timer]
             timer.start()
 
-    def _finish_notice(self, worker: str, pid: int) -> None:
+    def _finish_notice(self, client: Any, worker: str, pid: int) -> None:
         """The grace period is over: the instance goes away."""
-        from distributed import Client
-
         if self._stop_event.is_set():
             return
         try:
-            with Client(self.address, timeout=10) as client:
-                with self._lock:
-                    if self._stop_event.is_set():
-                        return
-                    self._clients.add(client)
-                try:
-                    # A worker that is already gone (killed during its grace
-                    # period) is not asked: Client.run on an address nobody
-                    # listens at waits out the 30-s connect timeout.
-                    if worker not in client.scheduler_info(n_workers=-1).get("workers", {}):
-                        return
-                    if client.run(_pid, workers=[worker]).get(worker) == pid:
-                        _deliver(client, worker, pid, signal.SIGKILL)
-                finally:
-                    with self._lock:
-                        self._clients.discard(client)
-        except Exception:  # already gone, which is what we wanted
+            # A worker already gone (killed during its grace period) is not
+            # asked: Client.run on an address nobody listens at waits out the
+            # 30-s connect timeout.
+            if worker not in client.scheduler_info(n_workers=-1).get("workers", {}):
+                return
+            if client.run(_pid, workers=[worker]).get(worker) == pid:
+                _deliver(client, worker, pid, signal.SIGKILL)
+        except Exception:  # already gone, or the client closed at stop(): nothing to finish
             pass
 
 

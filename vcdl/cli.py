@@ -352,8 +352,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         events = chaos_schedule(args.rate, args.duration, args.seed, args.notices)
         pre = Preemptor(args.scheduler, events, grace=args.grace, seed=args.seed, log_path=args.log)
         pre.start()
-        pre.join()
-        time.sleep(args.grace + 1)  # let the last notice's kill land
+        pre.join()  # it waits for the last notice's kill to land
         print(f"chaos: {pre.counts()} over {args.duration:.0f}s")
         return 0
     if args.command == "runs":
