@@ -1,4 +1,4 @@
-"""VC-ASGD on a real flow (LocalCluster, 2 workers, 8 shards) vs one plain process.
+"""vcdl's asynchronous merge on a real flow (LocalCluster, 2 workers, 8 shards) vs one process.
 
 Trains the same model, same data, same seed and the same number of epochs
 (passes over the training set) twice: once with ``vcdl`` (Prefect flow,
@@ -8,6 +8,7 @@ every epoch for both, the gap at the end, and a one-line JSON summary.
 
     python benchmarks/vc_vs_sequential.py            # examples/mnist1d.toml as is
     python benchmarks/vc_vs_sequential.py --quick    # 8 000 samples, 3 epochs
+    python benchmarks/vc_vs_sequential.py --set merge.rule=vc_asgd --set merge.staleness=plain
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ def compare(cfg: RunConfig, home: Path) -> dict[str, Any]:
         "epochs": cfg.run.epochs,
         "shards": cfg.data.shards,
         "workers": cfg.cluster.workers,
+        "rule": cfg.merge.rule,
+        "staleness": cfg.merge.staleness,
         "alpha": cfg.merge.alpha,
         "vcdl_accuracy": vc,
         "sequential_accuracy": seq,
@@ -94,8 +97,15 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="8 000 samples, 3 epochs")
     p.add_argument("--epochs", type=int)
     p.add_argument("--repeats", type=int, default=1, help="runs; figures are medians")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override for vcdl, e.g. merge.rule=vc_asgd (repeatable)",
+    )
     args = p.parse_args()
-    overrides = ["run.name=bench-vc-vs-seq"]
+    overrides = ["run.name=bench-vc-vs-seq", *args.set]
     if args.quick:
         overrides += ["data.samples=8000", "run.epochs=3"]
     if args.epochs:
@@ -123,7 +133,8 @@ def main() -> None:
     for i, (a, b) in enumerate(zip(vc_curve, seq_curve, strict=True)):
         print(f"{i + 1:>5} {a:8.4f} {b:10.4f}")
     print(
-        f"after {cfg.run.epochs} epochs: vcdl {vc_curve[-1]:.4f}, sequential {seq_curve[-1]:.4f}, "
+        f"after {cfg.run.epochs} epochs: vcdl (merge {cfg.merge.rule}, alpha {cfg.merge.alpha}, "
+        f"staleness {cfg.merge.staleness}) {vc_curve[-1]:.4f}, sequential {seq_curve[-1]:.4f}, "
         f"gap {med['gap_points']:+.2f} points; vcdl wall {med['vcdl_wall_seconds']:.0f}s "
         "(incl. Prefect and cluster start), sequential training "
         f"{med['sequential_train_seconds']:.0f}s"

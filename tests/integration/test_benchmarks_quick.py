@@ -1,0 +1,67 @@
+"""The quick paths of the benchmarks not covered elsewhere, run as a user runs them.
+
+``overhead.py``, ``time_to_accuracy.py`` and ``vc_vs_sequential.py`` have
+tests of their own; these run ``weights_io.py``, ``ledger.py`` and
+``allocator.py`` with ``--quick`` in a subprocess and check the one-line JSON
+summary each ends with. Timings are not asserted (a shared CI machine), only
+what a run must always show; the allocator's page faults per training step
+are not a timing and are asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def _run(script: str, *args: str) -> dict[str, Any]:
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    out = subprocess.run(
+        [sys.executable, f"benchmarks/{script}", "--quick", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_weights_io_quick() -> None:
+    res = _run("weights_io.py")
+    assert res["benchmark"] == "weights_io"
+    for where in ("local", "s3"):
+        assert all(v > 0 for v in res[where].values()), res[where]
+    assert res["merge_gb_per_s"] > 0 and res["io_ratio_local"] > 0
+
+
+@pytest.mark.usefixtures("pg_url")  # skips (fails under CI=true) without PostgreSQL
+def test_ledger_quick() -> None:
+    # ledger.py makes and drops a schema per repetition on its default server.
+    res = _run("ledger.py")
+    assert res["benchmark"] == "ledger_merges"
+    for key in ("sqlite/team/durable", "postgresql/team/durable"):
+        r = res["results"][key]
+        assert r["merges_per_s"] > 0 and r["conflicts_per_merge"] == 0, r
+
+
+def test_allocator_quick() -> None:
+    res = _run("allocator.py")
+    faults = res["faults_per_step"]
+    # Dask's environment faults a training step's tensors in afresh (thousands
+    # of pages a step); vcdl's workers reuse heap memory.
+    assert faults["Dask LocalCluster workers (Dask's defaults)"] > 1000, faults
+    assert faults["vcdl's cluster workers (allocator tuned)"] < 50, faults
+    assert all(v > 0 for v in res["samples_per_s"].values()), res
