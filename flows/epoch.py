@@ -47,11 +47,12 @@ from vcdl.attempt import (
     load_shard,
     run_attempt,
     training_slot,
+    worker_name,
 )
 from vcdl.config import RunConfig
 from vcdl.errors import EpochFailed
 from vcdl.ledger import Subtask, Version
-from vcdl.preemption import Preempted, notice_received
+from vcdl.preemption import PREEMPTED, notice_received, preempted_result
 from vcdl.runs import evaluate_version
 from vcdl.runtime import RunRef
 
@@ -89,8 +90,10 @@ def train_shard(
     with training_slot(training_slots(config)):
         slot_acquired = time.time()
         if notice_received():
-            # A worker under notice takes nothing new: the flow reissues elsewhere.
-            raise Preempted("worker has a preemption notice")
+            # A worker under notice takes nothing new: the flow reissues
+            # elsewhere. Returned, not raised: a raised exception is an ERROR
+            # with a traceback in Prefect's log, and a pointless retry here.
+            return preempted_result(worker_name())
         out = run_attempt(ref, epoch, shard, base_version, notice_received, config, data).to_dict()
     # Wall-clock marks (one machine's clock, or NTP-synced ones) that let the
     # driver split dispatch overhead into Dask scheduling and Prefect's engine.
@@ -352,6 +355,13 @@ class EpochDriver:
             self.tally["errors"] += 1
             self.tally["killed"] += self._mark_running_attempts(key, "killed", "worker died")
             self.reissue(key, f"{type(exc).__name__}: {exc}")
+            return
+        if out["state"] == PREEMPTED:
+            # Tallied and recorded as a worker death; reissue's WARNING is its
+            # one line in the log.
+            self.tally["errors"] += 1
+            self.tally["killed"] += self._mark_running_attempts(key, "killed", "worker died")
+            self.reissue(key, f"attempt preempted on {out['worker']} (preemption notice)")
             return
         if out["state"] == "skipped":
             self.tally["skipped"] += 1

@@ -7,6 +7,11 @@ process; a running attempt polls :func:`notice_received` at each batch
 boundary, stops, and writes a partial result with the number of samples it
 processed. The run's ``fault.partial`` policy then merges it scaled by the
 fraction processed, or discards it and reissues the subtask.
+
+A worker under notice takes no new attempt: its task returns
+:func:`preempted_result` (a normal result, so Prefect logs no ERROR and
+spends no retry on a worker whose notice never clears) and the driver
+reissues the subtask elsewhere.
 """
 
 from __future__ import annotations
@@ -20,16 +25,24 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from vcdl.errors import VcdlError
-
 log = logging.getLogger(__name__)
 
 _NOTICE = threading.Event()
 _NOTICE_AT: list[float] = []
 
 
-class Preempted(VcdlError, RuntimeError):
-    """This worker has a preemption notice and takes no new attempts."""
+#: ``state`` of the result a task returns when its worker, under notice, took no attempt.
+PREEMPTED = "preempted"
+
+
+def preempted_result(worker: str) -> dict[str, Any]:
+    """What a task returns instead of training on a worker under notice.
+
+    Not an exception: Prefect's task engine logs a raised one at ERROR with
+    its traceback ("Retries are exhausted", "Finished in state Failed") for
+    what is vcdl working as designed; a result is logged at INFO.
+    """
+    return {"state": PREEMPTED, "worker": worker, "reason": "worker has a preemption notice"}
 
 
 def notice_received() -> bool:
