@@ -9,6 +9,7 @@ at once (as two workers train on this 2-core machine):
 
 * two plain processes, a clean environment;
 * two plain processes with Dask's ``MALLOC_TRIM_THRESHOLD_=65536``;
+* two plain processes with vcdl's thresholds (as glibc environment variables);
 * two workers of a plain ``distributed.LocalCluster`` (Dask's defaults);
 * two workers of vcdl's cluster (``flows.cluster.dask_cluster``: forkserver
   workers, the warm-up plugin that calls ``vcdl.allocator.tune_allocator``).
@@ -34,8 +35,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vcdl.allocator import MMAP_THRESHOLD, TRIM_THRESHOLD
+
 REPO = Path(__file__).resolve().parent.parent
 DASK_ENV = {"MALLOC_TRIM_THRESHOLD_": "65536"}
+# What vcdl.allocator.tune_allocator sets, as glibc's environment variables.
+TUNED_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
+    "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD),
+}
 WIDTH = 256
 
 
@@ -117,6 +125,7 @@ def dask_workers(seconds: float, vcdl: bool) -> list[dict[str, float]]:
 CONTENDERS: dict[str, Callable[[float], list[dict[str, float]]]] = {
     "plain processes": lambda s: plain_processes(s, {}),
     "plain processes, MALLOC_TRIM_THRESHOLD_=65536": lambda s: plain_processes(s, DASK_ENV),
+    "plain processes, vcdl's thresholds": lambda s: plain_processes(s, TUNED_ENV),
     "Dask LocalCluster workers (Dask's defaults)": lambda s: dask_workers(s, vcdl=False),
     "vcdl's cluster workers (allocator tuned)": lambda s: dask_workers(s, vcdl=True),
 }

@@ -15,7 +15,8 @@ overhead.
   Cluster start and Prefect's server start come before the first dispatch and
   are not counted; the evaluation between epochs is, the final one is not.
 - **plain dask**: a LocalCluster (2 workers, 1 thread each, torch imported
-  before the first submission), the same shards as ``client.submit`` of a
+  and the C allocator tuned as in vcdl's workers before the first
+  submission), the same shards as ``client.submit`` of a
   function that trains from the weights it is given (``vcdl.train.train_attempt``)
   and returns the weights, one task in flight per worker, merged in the client
   with the same α rule, the same epoch barrier and evaluation; no Prefect, no
@@ -301,9 +302,17 @@ def run_vcdl(cfg: RunConfig, home: Path, kill_every: float | None = None) -> dic
 
 
 def _warm() -> None:
-    """Import what a task needs, before the first submission (a warm fleet, as vcdl's)."""
+    """Import what a task needs, before the first submission (a warm fleet, as vcdl's).
+
+    The C allocator is tuned as vcdl's warm-up tunes it (vcdl/allocator.py):
+    with Dask's default environment the same shard trains ~1.7x slower, and
+    this contender is here to show the orchestration's cost, not that one.
+    """
     import vcdl.models
     import vcdl.train  # noqa: F401
+    from vcdl.allocator import tune_allocator
+
+    tune_allocator()
 
 
 def dask_attempt(
