@@ -137,13 +137,20 @@ ATTEMPT_SECONDS = 5.0  # issue 6: "shards sized so one attempt trains for about 
 TRAIN_FRACTION = 0.8  # of data.samples: the rest is the test split (vcdl.data)
 
 
-def fit_sizes(base: Sizes, samples_per_s: float, seconds: float = ATTEMPT_SECONDS) -> Sizes:
+def fit_sizes(
+    base: Sizes, samples_per_s: float, seconds: float = ATTEMPT_SECONDS, shards: int | None = None
+) -> Sizes:
     """``base`` with shards (and if need be local epochs) so one attempt trains ~``seconds``.
 
     Pure: from a measured training speed. Keeps ``base``'s local epochs when
     an even shard count (2 workers) gets within 10 % of the target, else adds
-    passes over the shard; the closest fit otherwise.
+    passes over the shard; the closest fit otherwise. With ``shards`` given,
+    the shard count is kept and only the passes are fitted (the closest).
     """
+    if shards is not None:
+        one_pass = replace(base, shards=shards, local_epochs=1).attempt_samples / samples_per_s
+        passes = min(range(1, 65), key=lambda n: abs(n * one_pass - seconds))
+        return replace(base, shards=shards, local_epochs=passes)
     best: tuple[float, int, int] | None = None
     for passes in range(base.local_epochs, 33):
         err, shards = min(
@@ -594,6 +601,7 @@ def benchmark(
     kill_every: float | None = None,
     attempt_seconds: float = ATTEMPT_SECONDS,
     checkpoint_seconds: float | None = None,
+    shards: int | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run the benchmark (importable: the test calls it); returns the runs and the summary.
 
@@ -601,7 +609,8 @@ def benchmark(
     The full sizes are fitted to this machine's speed so that an attempt
     trains ~``attempt_seconds`` (0: :data:`FULL` as is); quick ones are fixed.
     ``checkpoint_seconds``: vcdl's ``fault.checkpoint_seconds`` (None: the
-    config's, or :data:`KILL_CHECKPOINT_SECONDS` under kills).
+    config's, or :data:`KILL_CHECKPOINT_SECONDS` under kills). ``shards``:
+    keep this many shards per epoch and fit only the local epochs.
     """
     if checkpoint_seconds is None and kill_every:
         checkpoint_seconds = KILL_CHECKPOINT_SECONDS
@@ -612,7 +621,7 @@ def benchmark(
     with tempfile.TemporaryDirectory(prefix="vcdl-overhead-", dir=workdir) as tmp:
         if not quick and attempt_seconds:
             speed = training_speed(base, sizes, Path(tmp))
-            sizes = fit_sizes(sizes, speed, attempt_seconds)
+            sizes = fit_sizes(sizes, speed, attempt_seconds, shards)
             print(
                 f"a vcdl worker trains {speed:.0f} samples/s here; for ~{attempt_seconds:g}-s "
                 f"attempts: {sizes.shards} shards x {sizes.local_epochs} local epochs",
@@ -652,7 +661,15 @@ def main() -> None:
         help="vcdl's fault.checkpoint_seconds (default: the config's; "
         f"{KILL_CHECKPOINT_SECONDS:g} with --kill-every; 0 = none)",
     )
+    p.add_argument(
+        "--shards",
+        type=int,
+        help="keep this many shards per epoch and fit only the local epochs to "
+        "--attempt-seconds (default: fit the shard count first)",
+    )
     args = p.parse_args()
+    if args.shards is not None and (args.shards < 2 or args.shards % 2):
+        p.error(f"--shards must be an even number >= 2 (2 workers), got {args.shards}")
     _, summary = benchmark(
         args.quick,
         args.repeats,
@@ -660,6 +677,7 @@ def main() -> None:
         kill_every=args.kill_every,
         attempt_seconds=args.attempt_seconds,
         checkpoint_seconds=args.checkpoint_seconds,
+        shards=args.shards,
     )
     print(json.dumps(summary))
 

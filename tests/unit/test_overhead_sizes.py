@@ -30,3 +30,22 @@ def test_attempts_land_near_five_seconds_with_an_even_shard_count(speed: float) 
     got = fit_sizes(FULL, speed)
     assert got.shards % 2 == 0 and got.local_epochs >= FULL.local_epochs
     assert abs(_seconds(got, speed) - 5.0) <= 0.5, (got, _seconds(got, speed))
+
+
+@given(st.floats(200.0, 100_000.0), st.sampled_from([2, 4, 8, 16]))
+def test_fixed_shards_fit_the_passes_only(speed: float, shards: int) -> None:
+    got = fit_sizes(FULL, speed, shards=shards)
+    assert got.shards == shards and got.local_epochs >= 1
+    one_pass = _seconds(Sizes(FULL.samples, shards, FULL.width, 1, FULL.epochs), speed)
+    if one_pass >= 5.0:  # one pass is already too long: no more than one
+        assert got.local_epochs == 1
+    elif 64 * one_pass >= 5.0:  # within half a pass of 5 s
+        assert abs(_seconds(got, speed) - 5.0) <= one_pass / 2 + 1e-9
+    else:  # a tiny model: as many passes as allowed
+        assert got.local_epochs == 64
+
+
+def test_fixed_shards_at_a_speed_seen_here() -> None:
+    # 2 979 samples/s: 8 shards of 4 000 rows, 4 passes = 5.4 s (3 would be 4.0 s).
+    got = fit_sizes(FULL, 2979.0, shards=8)
+    assert (got.shards, got.local_epochs) == (8, 4)
