@@ -123,6 +123,8 @@ class AttemptOutcome:
     worker: str = ""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds per phase: claim, read, data (or data_ahead: read ahead), train, write, record."""
+    reused: bool = False
+    """An earlier finished attempt's stored result, handed to the merge again; nothing trained."""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -157,7 +159,7 @@ def _unmerged_result(store: WeightStore, earlier: list[Attempt]) -> AttemptOutco
                 loss=a.loss,
                 train_seconds=a.train_seconds or 0.0,
                 worker=a.worker,
-                timings={"reused": 1.0},
+                reused=True,
             )
     return None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -422,10 +423,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         code = _dispatch(args)
+        # Inside the try: a reader that already left (`| head`) breaks the
+        # pipe here, not in the interpreter's own flush at exit.
+        sys.stdout.flush()
     except VcdlError as exc:
         _fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
         _fail("interrupted; `vcdl resume RUN` continues from the ledger", 130)
+    except BrokenPipeError:
+        # The reader took what it wanted: stop quietly, as `cat` does. Python's
+        # final flush would raise again on the closed pipe, so stdout goes to
+        # /dev/null first. 141 = 128 + SIGPIPE, what a shell reports for `cat`.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(141) from None
     raise SystemExit(code)
 
 

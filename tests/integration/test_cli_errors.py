@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -114,3 +116,17 @@ def test_bad_set_override(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     cfg.write_text(GOOD)
     code, err = _run(["train", str(cfg), "--home", str(tmp_path), "--set", "lr=1"], capsys)
     assert code == 2 and "section.key=value" in err
+
+
+def test_a_closed_output_pipe_ends_quietly(tmp_path: Path) -> None:
+    """`vcdl ... | head -1`: the reader leaves first; no BrokenPipeError traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vcdl.cli", "runs", "--home", str(tmp_path / "fresh")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the command writes anything: its write hits EPIPE
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

@@ -89,6 +89,9 @@ def test_rerun_of_a_finished_attempt_reuses_its_result(tmp_path: Path) -> None:
     # Dask re-runs a task whose worker died before its return value was fetched.
     again = run_attempt(ref, 0, 1, config=cfg)
     assert again.attempt_id == first.attempt_id and again.state == "finished"
+    assert again.reused and not first.reused
+    # Flagged as reused, not as a phase: timings hold seconds per phase only.
+    assert again.timings == {} and "reused" not in first.timings
     assert len(ref.ledger().attempts(ref.run, 0)) == 1
 
 
