@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One benchmark round as the README's Results report it: every script in
+# sequence, one at a time (nothing else should run on the machine), each
+# script's output in LOGDIR/NAME.log and start/end times in LOGDIR/times.log.
+#   benchmarks/round.sh [LOGDIR]        # default bench-logs/; ~80 min here
+set -uo pipefail
+cd "$(dirname "$0")/.."
+logs="${1:-bench-logs}"
+mkdir -p "$logs"
+py=.venv/bin/python
+export PREFECT_SERVER_ANALYTICS_ENABLED=false
+echo "commit $(git rev-parse --short HEAD) $(date -u +%F)" >>"$logs/times.log"
+run() {
+  local name=$1
+  shift
+  echo "START $name $(date -u +%H:%M:%S)" >>"$logs/times.log"
+  "$py" "$@" >"$logs/$name.log" 2>&1
+  local rc=$?
+  echo "END $name $(date -u +%H:%M:%S) rc=$rc" >>"$logs/times.log"
+}
+run allocator benchmarks/allocator.py
+run overhead benchmarks/overhead.py --repeats 3
+run overhead_kills benchmarks/overhead.py --repeats 3 --kill-every 15
+run weights_io benchmarks/weights_io.py
+run ledger benchmarks/ledger.py
+run tta_a benchmarks/time_to_accuracy.py --parts a --repeats 3 \
+  --vcdl-also merge.rule=delta,merge.staleness=raise
+run vc_vs_seq benchmarks/vc_vs_sequential.py --repeats 3
+run tta_b benchmarks/time_to_accuracy.py --parts b --repeats-b 3 \
+  --vcdl-also merge.rule=delta,merge.staleness=raise
+echo "DONE $(date -u +%H:%M:%S)" >>"$logs/times.log"
