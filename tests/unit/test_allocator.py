@@ -2,8 +2,11 @@
 
 Each case runs in a fresh interpreter started with Dask's worker environment
 (``MALLOC_TRIM_THRESHOLD_=65536``) and counts minor page faults while it
-allocates, touches and frees a 4 MiB buffer again and again: on the mmap
-path every cycle faults in all 1 024 pages; from the heap, none.
+allocates, touches and frees a 1 MiB buffer again and again: on the mmap
+path every cycle faults in all 256 pages; from the heap, none. (Not 4 MiB:
+numpy asks for transparent huge pages from 4 MiB up, and where the kernel
+has one free a whole cycle takes 2 faults on the mmap path too — a CI run
+saw 3.)
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ from vcdl.allocator import tune_allocator
 
 def faults_per_cycle(cycles=40):
     for _ in range(3):
-        np.ones(1 << 20, dtype=np.float32)
+        np.ones(1 << 18, dtype=np.float32)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(cycles):
-        a = np.ones(1 << 20, dtype=np.float32)  # 4 MiB, every page written
+        a = np.ones(1 << 18, dtype=np.float32)  # 1 MiB, every page written
         del a
     return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / cycles
 
@@ -53,16 +56,16 @@ def _probe(**env: str) -> dict[str, float]:
 
 def test_tuning_takes_allocations_off_the_mmap_path() -> None:
     r = _probe()
-    # Dask's environment: a 4 MiB buffer is a fresh mmap each time (1 024 pages).
-    assert r["untuned"] > 500, r
+    # Dask's environment: a 1 MiB buffer is a fresh mmap each time (256 pages).
+    assert r["untuned"] > 200, r
     assert r["applied"] is True
-    assert r["tuned"] < 50, r
+    assert r["tuned"] < 20, r
 
 
 def test_switch_off_leaves_the_allocator_alone() -> None:
     r = _probe(VCDL_MALLOC_TUNING="0")
     assert r["applied"] is False
-    assert r["tuned"] > 500, r
+    assert r["tuned"] > 200, r
 
 
 def test_idempotent_in_this_process() -> None:
