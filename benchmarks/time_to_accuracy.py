@@ -740,7 +740,7 @@ def _brief(r: dict[str, Any], targets: Sequence[float]) -> str:
 
 
 def verdicts(res: dict[str, Any], s: Settings) -> list[tuple[str, bool | None, str]]:
-    """The targets of issue 6: (name, PASS/MISS/None = not measured, figures)."""
+    """The targets of issue 6: (name, PASS/MISS/None = no verdict here, figures)."""
     out: list[tuple[str, bool | None, str]] = []
     if "a" in res:
         a, key = res["a"], f"time_to_{_pct(s.targets_a[0])}"
@@ -755,10 +755,13 @@ def verdicts(res: dict[str, Any], s: Settings) -> list[tuple[str, bool | None, s
             (f"(b) vcdl time to {key[8:]}% <= half of torchrun's", ok, f"{_fmt(vc)} vs {_fmt(ddp)}")
         )
         u = b["vcdl"]["utilization"]
+        # Reported, not judged: part (b)'s attempts train ~2 s, where the fixed
+        # cost per attempt weighs more; issue 6 sets 85 % for ~5-s attempts,
+        # and overhead.py --kill-every 15 measures that.
         out.append(
             (
-                "(b) vcdl utilization >= 85%",
-                u >= 0.85,
+                "(b) vcdl utilization (~2-s attempts; the 85% target is overhead.py's)",
+                None,
                 f"{100 * u:.1f}% (merged + salvaged training)",
             )
         )
