@@ -340,28 +340,27 @@ class EpochDriver:
                 outcome.staleness,
             )
 
+    def _lost(self, key: Key, reason: str) -> None:
+        """The task brought no result (its worker died, or took nothing under notice): reissue."""
+        self.tally["errors"] += 1
+        self.tally["killed"] += self._mark_running_attempts(key, "killed", "worker died")
+        self.reissue(key, reason)
+
     def _on_done(self, fut: PrefectFuture[dict[str, Any]], key: Key) -> None:
         try:
             out = fut.result()
         except KilledWorker as exc:
             # Dask gave up after `allowed-failures` worker deaths; Prefect would
             # leave the task run Running forever.
-            self.tally["errors"] += 1
             _set_task_run_state(fut, "crashed", f"worker lost: {exc}")
-            self.tally["killed"] += self._mark_running_attempts(key, "killed", "worker died")
-            self.reissue(key, "KilledWorker: the workers running it died")
+            self._lost(key, "KilledWorker: the workers running it died")
             return
         except Exception as exc:
-            self.tally["errors"] += 1
-            self.tally["killed"] += self._mark_running_attempts(key, "killed", "worker died")
-            self.reissue(key, f"{type(exc).__name__}: {exc}")
+            self._lost(key, f"{type(exc).__name__}: {exc}")
             return
         if out["state"] == PREEMPTED:
-            # Tallied and recorded as a worker death; reissue's WARNING is its
-            # one line in the log.
-            self.tally["errors"] += 1
-            self.tally["killed"] += self._mark_running_attempts(key, "killed", "worker died")
-            self.reissue(key, f"attempt preempted on {out['worker']} (preemption notice)")
+            # Recorded as a worker death; reissue's WARNING is its one line in the log.
+            self._lost(key, f"attempt preempted on {out['worker']} (preemption notice)")
             return
         if out["state"] == "skipped":
             self.tally["skipped"] += 1
