@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.time_to_accuracy import QUICK, run_benchmark, summary_line
+from tests.logrecords import RecordingHandler
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(1200)]
 
@@ -28,21 +29,10 @@ def _check_curve(curve: list[tuple[float, float]]) -> None:
     assert [t for t, _ in curve] == sorted(t for t, _ in curve)
 
 
-class _Errors(logging.Handler):
-    """Keeps the ERROR records of the logger it is attached to."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 def test_quick_benchmark_is_sane(prefect_api: None, tmp_path: Path) -> None:
     # distributed's loggers do not propagate to the root (caplog would not
     # see them): a handler on the client's own logger does.
-    client_errors = _Errors()
+    client_errors = RecordingHandler(logging.ERROR)
     logging.getLogger("distributed.client").addHandler(client_errors)
     try:
         _check_quick_benchmark(tmp_path)

@@ -11,6 +11,7 @@ import pytest
 from prefect import flow
 
 from flows.epoch import EpochDriver, train_shard
+from tests.logrecords import RecordingHandler
 from vcdl import preemption
 from vcdl.config import RunConfig
 from vcdl.runtime import RunRef
@@ -25,19 +26,10 @@ def under_notice() -> Iterator[None]:
         preemption.reset_for_tests()
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @pytest.mark.usefixtures("prefect_api", "under_notice")
 def test_a_preempted_task_logs_no_error_and_is_not_retried(tmp_path: Path) -> None:
     ref = RunRef(run="r", ledger_url=f"sqlite:///{tmp_path}/l.db", store_url=str(tmp_path))
-    handler = _Records()
+    handler = RecordingHandler()
     prefect_logger = logging.getLogger("prefect")
     prefect_logger.addHandler(handler)
 
