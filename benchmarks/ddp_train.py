@@ -186,6 +186,10 @@ def main() -> None:
                 },
                 out / "snapshots.pt",
             )
+    # Both ranks tear the group down together: rank 1, done while rank 0 was
+    # still saving snapshots, once aborted in gloo's teardown ("terminate
+    # called without an active exception", SIGABRT) and failed the run in CI.
+    dist.barrier()
     dist.destroy_process_group()
 
 
