@@ -24,7 +24,7 @@ run overhead_kills benchmarks/overhead.py --repeats 3 --kill-every 15
 run weights_io benchmarks/weights_io.py
 run ledger benchmarks/ledger.py
 run tta_a benchmarks/time_to_accuracy.py --parts a --repeats 3 \
-  --vcdl-also merge.rule=delta,merge.staleness=raise
+  --vcdl-also merge.rule=delta --vcdl-also merge.rule=delta,merge.staleness=raise
 run vc_vs_seq benchmarks/vc_vs_sequential.py --repeats 3
 run tta_b benchmarks/time_to_accuracy.py --parts b --repeats-b 3 \
   --vcdl-also merge.rule=delta,merge.staleness=raise

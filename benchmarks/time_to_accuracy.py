@@ -15,9 +15,13 @@ Method (the same for every contender):
   ``.npz``; vcdl imports it into each run's store, the plain contenders read
   the arrays: every contender trains and is tested on the same samples.
 * Model and optimizer: ``vcdl.models.cnn1d`` seeded as vcdl seeds it, Adam
-  3e-3, batch 100 (examples/mnist1d.toml), one torch thread per process.
-  DDP splits the batch over its ranks (global batch 100: each optimizer
-  step sees as many samples as in the other contenders).
+  3e-3 (examples/mnist1d.toml), one torch thread per process.
+* Batch: the same *global* batch for every contender, the samples the
+  whole fleet consumes per optimizer step: vcdl's ``train.batch_size`` is
+  per worker (50 in examples/mnist1d.toml, 2 workers: 100 in all); one
+  process steps on 100; DDP splits 100 over its 2 ranks (50 each, their
+  gradients averaged, as vcdl's merge averages its workers' changes).
+  Every training process of a 2-process contender steps on 50 samples.
 * Time zero = the first hand-out of training work after every process is up:
   vcdl, the driver's first shard submission (marked in the driver by
   wrapping ``flows.epoch.EpochDriver.submit``; vcdl runs on the LocalCluster
@@ -107,7 +111,6 @@ class Settings:
     kill_duration: float = 3600.0  # kills only within this many seconds after the start
     repeats_a: int = 3
     repeats_b: int = 1
-    ddp_batch: int | None = None  # global; None = the config's batch size
     # vcdl's fault.checkpoint_seconds in part (b): a kill loses the training
     # since the attempt's last checkpoint (DDP's: since its last epoch).
     checkpoint_seconds_b: float = 1.0
@@ -336,7 +339,6 @@ def run_ddp(
     events: list[ChaosEvent],
     seed: int,
     snapshots_per_epoch: int,
-    batch: int | None = None,
     timeout: float = 1800.0,
 ) -> dict[str, Any]:
     """``torchrun`` 2-process DDP; with ``events``, its ranks are SIGKILLed on schedule."""
@@ -357,8 +359,6 @@ def run_ddp(
     ]  # fmt: skip
     if checkpoint:
         cmd.append("--checkpoint")
-    if batch:
-        cmd += ["--batch", str(batch)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     log = out / "torchrun.log"
     started = time.time()
@@ -598,12 +598,21 @@ def _final(curve: Curve) -> float:
     return curve[-1][1] if curve else 0.0
 
 
-def vcdl_contenders(
+def contenders(
     s: Settings, width: int, epochs: int, name: str, overrides: Sequence[str]
-) -> dict[str, RunConfig]:
-    """The shipped config as "vcdl", then each of ``s.variants`` as "vcdl <overrides>"."""
-    return {
-        "vcdl": run_config(s, width, epochs, name, overrides),
+) -> tuple[RunConfig, dict[str, RunConfig]]:
+    """The plain contenders' config, then vcdl's: "vcdl" and "vcdl <overrides>" per variant.
+
+    vcdl's ``train.batch_size`` is per worker; the plain config's is the
+    global batch, the workers' batches together (one process steps on it,
+    DDP splits it over its ranks).
+    """
+    shipped = run_config(s, width, epochs, name, overrides)
+    plain = run_config(
+        s, width, epochs, name, [*overrides, f"train.batch_size={global_batch(shipped)}"]
+    )
+    return plain, {
+        "vcdl": shipped,
         **{
             f"vcdl {v}": run_config(s, width, epochs, name, [*overrides, *v.split(",")])
             for v in s.variants
@@ -611,15 +620,19 @@ def vcdl_contenders(
     }
 
 
+def global_batch(cfg: RunConfig) -> int:
+    """Samples the whole fleet consumes per optimizer step: the workers' batches together."""
+    return cfg.train.batch_size * cfg.cluster.workers
+
+
 def part_a(s: Settings, npz: Path, work: Path, log: Callable[[str], None]) -> dict[str, Any]:
     """Fault-free time to the part (a) targets, medians over ``repeats_a``."""
-    contenders = vcdl_contenders(s, s.width_a, s.epochs_a, "tta-a", s.overrides_a)
-    cfg = contenders["vcdl"]
+    cfg, vcdls = contenders(s, s.width_a, s.epochs_a, "tta-a", s.overrides_a)
     snapshots = max(s.snapshots, cfg.data.shards)
-    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in contenders}
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in vcdls}
     runs |= {"one_process": [], "ddp": []}
     for i in range(s.repeats_a):
-        for j, (name, vcfg) in enumerate(contenders.items()):
+        for j, (name, vcfg) in enumerate(vcdls.items()):
             runs[name].append(
                 run_vcdl(vcfg, npz, work / f"a{i}-vcdl{j or ''}", events=[], seed=s.kill_seed)
             )
@@ -633,7 +646,6 @@ def part_a(s: Settings, npz: Path, work: Path, log: Callable[[str], None]) -> di
                 events=[],
                 seed=s.kill_seed,
                 snapshots_per_epoch=snapshots,
-                batch=s.ddp_batch,
             )
         )
         for name, r in runs.items():
@@ -644,6 +656,8 @@ def part_a(s: Settings, npz: Path, work: Path, log: Callable[[str], None]) -> di
         "repeats": s.repeats_a,
         "shards": cfg.data.shards,
         "lr": cfg.train.lr,
+        "global_batch": cfg.train.batch_size,
+        "worker_batch": vcdls["vcdl"].train.batch_size,
         "alpha": cfg.merge.alpha,
         "overrides": list(s.overrides_a),
         "variants": list(s.variants),
@@ -664,14 +678,13 @@ def part_a(s: Settings, npz: Path, work: Path, log: Callable[[str], None]) -> di
 
 def part_b(s: Settings, npz: Path, work: Path, log: Callable[[str], None]) -> dict[str, Any]:
     """Time to ``target_b`` and final accuracy under the kill schedule."""
-    contenders = vcdl_contenders(
+    cfg, vcdls = contenders(
         s, s.width_b, s.epochs_b, "tta-b", [f"fault.checkpoint_seconds={s.checkpoint_seconds_b}"]
     )
-    cfg = contenders["vcdl"]
     events = kill_schedule(s)
-    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in [*contenders, "ddp"]}
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in [*vcdls, "ddp"]}
     for i in range(s.repeats_b):
-        for j, (name, vcfg) in enumerate(contenders.items()):
+        for j, (name, vcfg) in enumerate(vcdls.items()):
             runs[name].append(
                 run_vcdl(vcfg, npz, work / f"b{i}-vcdl{j or ''}", events=events, seed=s.kill_seed)
             )
@@ -684,7 +697,6 @@ def part_b(s: Settings, npz: Path, work: Path, log: Callable[[str], None]) -> di
                 events=events,
                 seed=s.kill_seed,
                 snapshots_per_epoch=s.shards,
-                batch=s.ddp_batch,
             )
         )
         for name, r in runs.items():
@@ -695,6 +707,8 @@ def part_b(s: Settings, npz: Path, work: Path, log: Callable[[str], None]) -> di
         "repeats": s.repeats_b,
         "kill_interval": s.kill_interval,
         "kill_seed": s.kill_seed,
+        "global_batch": cfg.train.batch_size,
+        "worker_batch": vcdls["vcdl"].train.batch_size,
         "schedule_first_10": [e.at for e in events[:10]],
         "variants": list(s.variants),
     }
@@ -809,7 +823,8 @@ def print_report(res: dict[str, Any], s: Settings) -> None:
         a = res["a"]
         keys = [f"time_to_{_pct(t)}" for t in s.targets_a]
         print(
-            f"\n(a) fault-free, cnn1d width {a['width']}, {a['epochs']} epochs, "
+            f"\n(a) fault-free, cnn1d width {a['width']}, {a['epochs']} epochs, global batch "
+            f"{a['global_batch']} (vcdl: {a['worker_batch']} per worker), "
             f"medians of {a['repeats']} (seconds from time zero):"
         )
         head = "".join(f"{'to ' + k[8:] + '%':>10}" for k in keys)
@@ -828,7 +843,8 @@ def print_report(res: dict[str, Any], s: Settings) -> None:
         k = f"time_to_{_pct(s.target_b)}"
         print(
             f"\n(b) kill schedule (SIGKILL every ~{b['kill_interval']:.0f}s, "
-            f"seed {b['kill_seed']}), cnn1d width {b['width']}, {b['epochs']} epochs, "
+            f"seed {b['kill_seed']}), cnn1d width {b['width']}, {b['epochs']} epochs, global "
+            f"batch {b['global_batch']} (vcdl: {b['worker_batch']} per worker), "
             f"medians of {b['repeats']}:"
         )
         names = ["vcdl", *(f"vcdl {v}" for v in b.get("variants", [])), "ddp"]

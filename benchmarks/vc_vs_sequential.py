@@ -34,7 +34,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def sequential(cfg: RunConfig) -> tuple[list[float], float]:
-    """Per-epoch test accuracy of plain one-process training, and its training seconds."""
+    """Per-epoch test accuracy of plain one-process training, and its training seconds.
+
+    The process steps on the global batch: vcdl's ``train.batch_size`` is
+    per worker, so one step here sees what the workers' steps see together.
+    """
     assert cfg.store.url is not None
     store = open_store(cfg.store.url)
     info = open_dataset(store, cfg.data.name)
@@ -45,13 +49,14 @@ def sequential(cfg: RunConfig) -> tuple[list[float], float]:
     opt = make_optimizer(list(model.parameters()), cfg.train)
     gen = torch.Generator().manual_seed(cfg.run.seed)
     xs, ys = torch.from_numpy(x), torch.from_numpy(y)
+    batch = cfg.train.batch_size * cfg.cluster.workers
     accs, seconds = [], 0.0
     for _ in range(cfg.run.epochs):
         start = time.perf_counter()
         model.train()
         order = torch.randperm(len(xs), generator=gen)
-        for i in range(0, len(xs), cfg.train.batch_size):
-            idx = order[i : i + cfg.train.batch_size]
+        for i in range(0, len(xs), batch):
+            idx = order[i : i + batch]
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(model(xs[idx]), ys[idx]).backward()
             opt.step()
@@ -80,6 +85,8 @@ def compare(cfg: RunConfig, home: Path) -> dict[str, Any]:
         "epochs": cfg.run.epochs,
         "shards": cfg.data.shards,
         "workers": cfg.cluster.workers,
+        "worker_batch": cfg.train.batch_size,
+        "sequential_batch": cfg.train.batch_size * cfg.cluster.workers,
         "rule": cfg.merge.rule,
         "staleness": cfg.merge.staleness,
         "alpha": cfg.merge.alpha,
