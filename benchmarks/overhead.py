@@ -603,6 +603,7 @@ def benchmark(
     attempt_seconds: float = ATTEMPT_SECONDS,
     checkpoint_seconds: float | None = None,
     shards: int | None = None,
+    epochs: int | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run the benchmark (importable: the test calls it); returns the runs and the summary.
 
@@ -612,11 +613,15 @@ def benchmark(
     ``checkpoint_seconds``: vcdl's ``fault.checkpoint_seconds`` (None: the
     config's, or :data:`KILL_CHECKPOINT_SECONDS` under kills). ``shards``:
     keep this many shards per epoch and fit only the local epochs (None:
-    the base's 8; 0: fit the shard count too).
+    the base's 8; 0: fit the shard count too). ``epochs``: epochs per run
+    (None: the sizes' 2); a kill schedule on the clock lands more kills in
+    a longer run.
     """
     if checkpoint_seconds is None and kill_every:
         checkpoint_seconds = KILL_CHECKPOINT_SECONDS
     sizes = QUICK if quick else FULL
+    if epochs is not None:
+        sizes = replace(sizes, epochs=epochs)
     repeats = repeats or (1 if quick else 3)
     base = config or str(REPO / "examples" / "mnist1d.toml")
     runs = []
@@ -674,7 +679,15 @@ def main() -> None:
         help="keep this many shards per epoch and fit only the local epochs to "
         f"--attempt-seconds (default {FULL.shards}; 0 = fit the shard count too)",
     )
+    p.add_argument(
+        "--epochs",
+        type=int,
+        help=f"epochs per run (default {FULL.epochs}); with --kill-every, a longer run "
+        "takes more of the schedule's kills",
+    )
     args = p.parse_args()
+    if args.epochs is not None and args.epochs < 1:
+        p.error(f"--epochs must be >= 1, got {args.epochs}")
     if args.shards is not None and args.shards != 0 and (args.shards < 2 or args.shards % 2):
         p.error(f"--shards must be 0 or an even number >= 2 (2 workers), got {args.shards}")
     _, summary = benchmark(
@@ -685,6 +698,7 @@ def main() -> None:
         attempt_seconds=args.attempt_seconds,
         checkpoint_seconds=args.checkpoint_seconds,
         shards=args.shards,
+        epochs=args.epochs,
     )
     print(json.dumps(summary))
 

@@ -20,7 +20,7 @@ run() {
 }
 run allocator benchmarks/allocator.py
 run overhead benchmarks/overhead.py --repeats 3
-run overhead_kills benchmarks/overhead.py --repeats 3 --kill-every 15
+run overhead_kills benchmarks/overhead.py --repeats 3 --kill-every 15 --epochs 4
 run weights_io benchmarks/weights_io.py
 run ledger benchmarks/ledger.py
 run tta_a benchmarks/time_to_accuracy.py --parts a --repeats 3 \
