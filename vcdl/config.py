@@ -77,7 +77,11 @@ class ModelSection(_Section):
 
 class TrainSection(_Section):
     local_epochs: int = Field(1, ge=1, le=1000, description="Passes over its shard per attempt.")
-    batch_size: int = Field(100, ge=1, description="Mini-batch size.")
+    batch_size: int = Field(
+        100,
+        ge=1,
+        description="Mini-batch size per worker (the fleet steps on batch_size x workers).",
+    )
     optimizer: Literal["sgd", "adam", "adamw"] = Field("adam", description="Local optimizer.")
     optimizer_state: Literal["fresh", "worker"] = Field(
         "fresh",
