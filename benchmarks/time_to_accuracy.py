@@ -608,9 +608,7 @@ def contenders(
     DDP splits it over its ranks).
     """
     shipped = run_config(s, width, epochs, name, overrides)
-    plain = run_config(
-        s, width, epochs, name, [*overrides, f"train.batch_size={global_batch(shipped)}"]
-    )
+    plain = shipped.updated(train={"batch_size": shipped.global_batch_size})
     return plain, {
         "vcdl": shipped,
         **{
@@ -618,11 +616,6 @@ def contenders(
             for v in s.variants
         },
     }
-
-
-def global_batch(cfg: RunConfig) -> int:
-    """Samples the whole fleet consumes per optimizer step: the workers' batches together."""
-    return cfg.train.batch_size * cfg.cluster.workers
 
 
 def part_a(s: Settings, npz: Path, work: Path, log: Callable[[str], None]) -> dict[str, Any]:

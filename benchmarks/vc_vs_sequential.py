@@ -49,7 +49,7 @@ def sequential(cfg: RunConfig) -> tuple[list[float], float]:
     opt = make_optimizer(list(model.parameters()), cfg.train)
     gen = torch.Generator().manual_seed(cfg.run.seed)
     xs, ys = torch.from_numpy(x), torch.from_numpy(y)
-    batch = cfg.train.batch_size * cfg.cluster.workers
+    batch = cfg.global_batch_size
     accs, seconds = [], 0.0
     for _ in range(cfg.run.epochs):
         start = time.perf_counter()
@@ -86,7 +86,7 @@ def compare(cfg: RunConfig, home: Path) -> dict[str, Any]:
         "shards": cfg.data.shards,
         "workers": cfg.cluster.workers,
         "worker_batch": cfg.train.batch_size,
-        "sequential_batch": cfg.train.batch_size * cfg.cluster.workers,
+        "sequential_batch": cfg.global_batch_size,
         "rule": cfg.merge.rule,
         "staleness": cfg.merge.staleness,
         "alpha": cfg.merge.alpha,

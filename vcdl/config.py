@@ -294,6 +294,11 @@ class RunConfig(_Section):
             ledger = ledger.model_copy(update={"url": f"sqlite:///{home / 'ledger.db'}"})
         return self.model_copy(update={"store": store, "ledger": ledger})
 
+    @property
+    def global_batch_size(self) -> int:
+        """Samples the whole fleet steps on per round of steps: every worker's batch together."""
+        return self.train.batch_size * self.cluster.workers
+
     def updated(self, **sections: Mapping[str, Any]) -> RunConfig:
         """A validated copy with some keys of some sections replaced."""
         data = self.model_dump()

@@ -102,3 +102,9 @@ def test_home_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
 def test_config_json_roundtrip() -> None:
     cfg = load_config(REPO / "examples" / "mnist1d.toml")
     assert RunConfig.model_validate_json(cfg.model_dump_json()) == cfg
+
+
+def test_global_batch_size_is_every_workers_batch_together() -> None:
+    cfg = RunConfig.model_validate({"train": {"batch_size": 30}, "cluster": {"workers": 3}})
+    assert cfg.global_batch_size == 90
+    assert "global_batch_size" not in cfg.model_dump()  # derived, never a setting

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.time_to_accuracy import Settings, contenders, global_batch
+from benchmarks.time_to_accuracy import Settings, contenders
 
 
 def test_the_plain_contenders_step_on_what_vcdls_workers_step_on_together() -> None:
@@ -12,7 +12,7 @@ def test_the_plain_contenders_step_on_what_vcdls_workers_step_on_together() -> N
     assert shipped.cluster.workers == 2
     # examples/mnist1d.toml: 50 per worker; one process steps on 100, DDP splits 100.
     assert shipped.train.batch_size == 50
-    assert plain.train.batch_size == global_batch(shipped) == 100
+    assert plain.train.batch_size == shipped.global_batch_size == 100
     assert vcdls["vcdl merge.rule=vc_asgd"].train.batch_size == 50
     assert vcdls["vcdl merge.rule=vc_asgd"].merge.rule == "vc_asgd"
     # A variant that sets the batch itself keeps its own.
