@@ -153,6 +153,37 @@ def _named(config: RunConfig) -> RunConfig:
 EPOCH_RUN_NAME = "{ref.run} · epoch {epoch}"
 
 
+def sweep_orphans(ref: RunRef) -> None:
+    """Delete the groups killed workers wrote but never recorded, at the end of a run.
+
+    A worker SIGKILLed between writing a result or a checkpoint and
+    recording it (or in the middle of the write) leaves a group the ledger
+    never names; a resuming driver removes them first, but a run that
+    finishes is never resumed, and on S3 they would be paid for until
+    someone looks. Runs inside the lease, after this driver's cluster has
+    closed. Best effort: the run is trained, and a store error here must
+    not fail it (``vcdl resume RUN`` sweeps again).
+    """
+    log = get_run_logger()
+    try:
+        removed = clean_orphans(ref)
+    except Exception as exc:
+        log.warning(
+            "could not remove groups that killed workers left in the store (%s: %s); "
+            "`vcdl resume %s` removes them",
+            type(exc).__name__,
+            exc,
+            ref.run,
+        )
+        return
+    if removed:
+        log.info(
+            "removed %d group(s) that killed workers wrote but never recorded: %s",
+            len(removed),
+            ", ".join(sorted(removed)[:5]) + (" ..." if len(removed) > 5 else ""),
+        )
+
+
 @contextmanager
 def epoch_heartbeats_off() -> Iterator[None]:
     """No Prefect heartbeat thread for the epoch subflows started inside.
@@ -240,6 +271,7 @@ def _train(config: RunConfig, home: str | None, chaos: ChaosSpec | None) -> dict
             raise
         finally:
             forget_run_cache(ref)  # the head kept across epochs: its memory
+        sweep_orphans(ref)
         ledger.update_run(ref.run, state="completed")
     ProgressUpdater(ref, progress_id, cfg.run.epochs, cfg.data.shards)(force=True)
     summary = run_status(ledger, ref.run)

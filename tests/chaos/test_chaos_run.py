@@ -25,6 +25,7 @@ from vcdl import api
 from vcdl.config import load_config
 from vcdl.ledger import Ledger
 from vcdl.report import audit_run
+from vcdl.runs import clean_orphans
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "mnist1d.toml"
@@ -168,7 +169,11 @@ def test_chaos_run_matches_fault_free(prefect_api: None, tmp_path: Path) -> None
     )
     assert counts["kill"] >= 10 and counts["notice"] >= 3, counts
     assert status["state"] == "completed" and status["epochs_completed"] == 10
-    assert audit_run(api.run_ref("chaos", home=home), deep=True) == []
+    ref = api.run_ref("chaos", home=home)
+    assert audit_run(ref, deep=True) == []
+    # Nothing the killed workers wrote and never recorded is left to pay for:
+    # the finished run swept it (a second sweep finds nothing).
+    assert clean_orphans(ref) == []
     # A killed attempt is billed until its worker died (the scheduler's record
     # of the removal), not until the driver found out, often after the re-run.
     kills: dict[str, list[float]] = {}

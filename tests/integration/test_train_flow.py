@@ -13,7 +13,13 @@ from vcdl.config import RunConfig, parse_config
 from vcdl.data import open_dataset, read_rows
 from vcdl.models import build_model
 from vcdl.report import audit_run
-from vcdl.runtime import open_store
+from vcdl.runtime import (
+    checkpoint_path,
+    open_store,
+    result_path,
+    results_prefix,
+    versions_prefix,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -30,11 +36,31 @@ def small_config(name: str) -> RunConfig:
     )
 
 
+# Groups a worker killed mid-write (or before recording them) leaves behind;
+# planted before the run, which must remove them by its end.
+LOST = [
+    result_path("it-run", 0, 1, "a" * 32),
+    checkpoint_path("it-run", 1, 2, "b" * 32, 100),
+]
+
+
 @pytest.fixture(scope="module")
 def trained(prefect_api: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     home = tmp_path_factory.mktemp("vcdl-home")
+    store = open_store(str(small_config("it-run").with_locations(home).store.url))
+    for path in LOST:
+        store.write_state(path, {"w": torch.zeros(3)})
     summary = api.train(small_config("it-run"), home=home)
     return {"home": home, "summary": summary}
+
+
+def test_a_finished_run_leaves_no_unrecorded_groups(trained: dict[str, Any]) -> None:
+    ref = api.run_ref("it-run", home=trained["home"])
+    store = ref.store()
+    assert not any(store.exists(p) for p in LOST)
+    # What the ledger names stays: every version, nothing else under results.
+    assert len(store.list(versions_prefix("it-run"))) == len(ref.ledger().versions("it-run"))
+    assert store.list(results_prefix("it-run")) == []
 
 
 def test_run_completes_with_history(trained: dict[str, Any]) -> None:
