@@ -243,9 +243,7 @@ class EpochDriver:
     def _todo(self) -> list[Key]:
         """This epoch's unfinished subtasks, plus earlier ones deferred to it."""
         keys = []
-        for s in self.ledger.subtasks(self.ref.run):
-            if s.state in TERMINAL_SUBTASK_STATES:
-                continue
+        for s in self.ledger.subtasks(self.ref.run, exclude_states=TERMINAL_SUBTASK_STATES):
             if s.epoch == self.epoch or (s.epoch < self.epoch and s.reason == DEFERRED):
                 keys.append((s.epoch, s.shard))
         return keys
@@ -254,16 +252,18 @@ class EpochDriver:
 
     def recover(self) -> None:
         """Clean up after a driver that died in this epoch."""
-        for a in self.ledger.attempts(self.ref.run):
-            if a.state == "running" and a.epoch <= self.epoch:
+        # Filtered in the ledger: these run at every barrier, on every attempt
+        # of the run otherwise (0.3 s per scan at 10 000 attempts on SQLite).
+        for a in self.ledger.attempts(self.ref.run, states=("running",)):
+            if a.epoch <= self.epoch:
                 self.ledger.finish_attempt(
                     a.id, state="killed", reason="lost with a previous driver or its cluster"
                 )
                 self.tally["killed"] += 1
         todo = set(self._todo())
-        for a in self.ledger.attempts(self.ref.run):
+        for a in self.ledger.attempts(self.ref.run, states=MERGEABLE_ATTEMPT_STATES):
             key = (a.epoch, a.shard)
-            if a.state in MERGEABLE_ATTEMPT_STATES and key in todo:
+            if key in todo:
                 self.log.info("merging epoch %d shard %d left by a previous driver", *key)
                 self._merge(a.id, key, reissue_on_reject=False)
                 todo.discard(key)
@@ -479,10 +479,23 @@ class EpochDriver:
         them any more.
         """
         store = self.ref.store()
-        subtasks = self.ledger.subtasks(self.ref.run)
+        # Only attempts that may need settling (few at any time), and the
+        # subtasks of their epochs: not every row of a long run at every barrier.
+        candidates = {
+            a.id: a
+            for a in [
+                *self.ledger.attempts(self.ref.run, states=MERGEABLE_ATTEMPT_STATES),
+                *self.ledger.attempts(self.ref.run, checkpointed=True),
+            ]
+        }
+        subtasks = [
+            s
+            for epoch in sorted({a.epoch for a in candidates.values()})
+            for s in self.ledger.subtasks(self.ref.run, epoch)
+        ]
         merged = {s.id for s in subtasks if s.state == "merged"}
         done = {s.id for s in subtasks if s.state in TERMINAL_SUBTASK_STATES}
-        for a in self.ledger.attempts(self.ref.run):
+        for a in candidates.values():
             if a.checkpoint_uri is not None and a.subtask_id in done:
                 drop_checkpoint(self.ref, a.id)
             if a.state in MERGEABLE_ATTEMPT_STATES and a.subtask_id in merged:

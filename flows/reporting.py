@@ -77,7 +77,9 @@ def run_rows(ref: RunRef, cost: dict[str, Any] | None = None) -> list[dict[str, 
 
 
 def run_progress(ref: RunRef, epochs: int, shards: int) -> float:
-    done = sum(1 for s in ref.ledger().subtasks(ref.run) if s.state in FINISHED)
+    # A count in the ledger: this runs in the driver's merge loop (once a
+    # second), where loading every subtask of a long run took 0.24 s at 10 000.
+    done = ref.ledger().count_subtasks(ref.run, FINISHED)
     return progress_percent(done, epochs * shards)
 
 

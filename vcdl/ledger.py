@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 from uuid import uuid4
 
-from sqlalchemy import Connection, Select, and_, bindparam, insert, or_, select, update
+from sqlalchemy import Connection, Select, and_, bindparam, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
@@ -388,13 +388,39 @@ class Ledger:
 
         return self._db.write(tx)
 
-    def subtasks(self, name: str, epoch: int | None = None) -> list[Subtask]:
-        """The run's subtasks (of one epoch if given), by epoch and shard."""
+    def subtasks(
+        self,
+        name: str,
+        epoch: int | None = None,
+        *,
+        exclude_states: Collection[str] = (),
+    ) -> list[Subtask]:
+        """The run's subtasks (of one epoch if given), by epoch and shard.
+
+        ``exclude_states`` leaves out subtasks in those states, in the query:
+        the open subtasks of a long run without loading every finished one.
+        """
         stmt = select(_SUB).where(_SUB.c.run == name)
         if epoch is not None:
             stmt = stmt.where(_SUB.c.epoch == epoch)
+        if exclude_states:
+            stmt = stmt.where(_SUB.c.state.not_in(sorted(exclude_states)))
         stmt = stmt.order_by(_SUB.c.epoch, _SUB.c.shard)
         return self._db.read(lambda c: self._rows_of_run(c, Subtask, stmt, name))
+
+    def count_subtasks(self, name: str, states: Collection[str]) -> int:
+        """How many of the run's subtasks are in ``states`` (a count, no rows loaded).
+
+        Raises:
+            RunNotFound: no run ``name``.
+        """
+
+        def read(c: Connection) -> int:
+            self._check_run(c, name)
+            stmt = select(func.count()).where(_SUB.c.run == name, _SUB.c.state.in_(sorted(states)))
+            return int(c.execute(stmt).scalar_one())
+
+        return self._db.read(read)
 
     def set_subtask_state(self, subtask_id: int, state: str, reason: str | None = None) -> Subtask:
         """Set a subtask's state (e.g. "dropped" by the quorum policy) and reason.
@@ -639,11 +665,27 @@ class Ledger:
         """Attempt ``attempt_id``."""
         return self._db.read(lambda c: self._get_attempt(c, attempt_id))
 
-    def attempts(self, name: str, epoch: int | None = None) -> list[Attempt]:
-        """The run's attempts (of one epoch if given), by epoch, shard and number."""
+    def attempts(
+        self,
+        name: str,
+        epoch: int | None = None,
+        *,
+        states: Collection[str] | None = None,
+        checkpointed: bool = False,
+    ) -> list[Attempt]:
+        """The run's attempts (of one epoch if given), by epoch, shard and number.
+
+        ``states`` keeps those in these states; ``checkpointed`` those whose
+        checkpoint is recorded. Both filter in the query: the driver asks at
+        every epoch barrier, and a long run has tens of thousands of attempts.
+        """
         stmt = select(_ATT).where(_ATT.c.run == name)
         if epoch is not None:
             stmt = stmt.where(_ATT.c.epoch == epoch)
+        if states is not None:
+            stmt = stmt.where(_ATT.c.state.in_(sorted(states)))
+        if checkpointed:
+            stmt = stmt.where(_ATT.c.checkpoint_uri.is_not(None))
         stmt = stmt.order_by(_ATT.c.epoch, _ATT.c.shard, _ATT.c.number)
         return self._db.read(lambda c: self._rows_of_run(c, Attempt, stmt, name))
 

@@ -202,6 +202,49 @@ def test_attempts_are_numbered_per_subtask(ledger: Ledger) -> None:
     assert ledger.subtasks("a", 0)[0].attempts == 1  # the refused starts changed nothing
 
 
+def test_filtered_queries_match_filtering_every_row(ledger: Ledger) -> None:
+    # The driver asks these at every barrier and once a second: the filter
+    # runs in the database, and must select exactly what filtering the whole
+    # run's rows would.
+    new_run(ledger, "f", shards=3)
+    ledger.ensure_subtasks("f", 1, 3)
+    running = ledger.start_attempt("f", 0, 0, "w1")
+    done = ledger.start_attempt("f", 0, 1, "w1")
+    ledger.finish_attempt(done.id, state="finished", result_uri="f/r1", samples=5)
+    killed = ledger.start_attempt("f", 1, 2, "w2")
+    ledger.record_checkpoint(killed.id, "f/ckpt", samples=3, train_seconds=0.5)
+    ledger.finish_attempt(killed.id, state="killed", reason="worker died")
+    merge(ledger, "f", ledger.start_attempt("f", 1, 0, "w2").id, 0)
+    sub = ledger.subtasks("f", 0)[2]
+    assert sub.id is not None
+    ledger.set_subtask_state(sub.id, "dropped", reason="late")
+
+    every = ledger.attempts("f")
+    for states in [("running",), ("finished", "interrupted"), ("killed", "merged"), ()]:
+        assert ledger.attempts("f", states=states) == [a for a in every if a.state in states]
+    assert [a.id for a in ledger.attempts("f", states=("running",))] == [running.id]
+    assert ledger.attempts("f", checkpointed=True) == [a for a in every if a.checkpoint_uri]
+    assert [a.id for a in ledger.attempts("f", checkpointed=True)] == [killed.id]
+    assert ledger.attempts("f", 0, states=("killed",)) == []
+
+    subs = ledger.subtasks("f")
+    terminal = {"merged", "dropped", "failed"}
+    assert ledger.subtasks("f", exclude_states=terminal) == [
+        s for s in subs if s.state not in terminal
+    ]
+    assert len(ledger.subtasks("f", exclude_states=terminal)) == 4
+    assert ledger.subtasks("f", 1, exclude_states=("pending",)) == [
+        s for s in subs if s.epoch == 1 and s.state != "pending"
+    ]
+    for states in [terminal, {"pending"}, {"running"}, set()]:
+        assert ledger.count_subtasks("f", states) == sum(s.state in states for s in subs)
+    assert ledger.count_subtasks("f", terminal) == 2
+    with pytest.raises(RunNotFound):
+        ledger.count_subtasks("nope", terminal)
+    with pytest.raises(RunNotFound):
+        ledger.attempts("nope", states=("running",))
+
+
 def test_returned_rows_are_the_stored_rows(ledger: Ledger) -> None:
     """What a write returns is exactly what a later read gets, every field."""
     new_run(ledger, "a")
