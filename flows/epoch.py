@@ -25,7 +25,7 @@ import contextvars
 import logging
 import queue
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from functools import partial
@@ -51,7 +51,7 @@ from vcdl.attempt import (
 )
 from vcdl.config import RunConfig
 from vcdl.errors import EpochFailed
-from vcdl.ledger import Subtask, Version
+from vcdl.ledger import Subtask
 from vcdl.preemption import PREEMPTED, notice_received, preempted_result
 from vcdl.runs import evaluate_version
 from vcdl.runtime import RunRef
@@ -127,15 +127,6 @@ def evaluate_head(ref: RunRef, config: RunConfig, version: int, epoch: int) -> d
     """Evaluate a version on the test split and record it in the ledger."""
     ev = evaluate_version(ref, config, version, epoch=epoch)
     return {"version": ev.version, "accuracy": ev.accuracy, "loss": ev.loss, "samples": ev.samples}
-
-
-def barrier_head(versions: Iterable[Version], epoch: int) -> int:
-    """The version epoch ``epoch`` ended on: the newest of an epoch up to it (v0 has none).
-
-    Versions of later epochs may already exist (the next epoch's merges run
-    beside the barrier's evaluation) and are not part of it.
-    """
-    return max(v.number for v in versions if v.epoch is None or v.epoch <= epoch)
 
 
 def dispatch_phases(
@@ -519,7 +510,7 @@ class EpochDriver:
             e.epoch == prev and e.split == "test" for e in self.ledger.evaluations(self.ref.run)
         ):
             return None
-        return prev, barrier_head(self.ledger.versions(self.ref.run), prev)
+        return prev, self.ledger.barrier_head(self.ref.run, prev)
 
     def _evaluate(self, epoch: int, version: int) -> dict[str, Any]:
         # In the driver: workers are busy training (previous epoch) or done (final).

@@ -353,6 +353,26 @@ class Ledger:
         stmt = select(_VER).where(_VER.c.run == name).order_by(_VER.c.number)
         return self._db.read(lambda c: self._rows_of_run(c, Version, stmt, name))
 
+    def barrier_head(self, name: str, epoch: int) -> int:
+        """The version epoch ``epoch`` ended on: the newest of an epoch up to it (v0 has none).
+
+        Versions of later epochs may already exist (the next epoch's merges
+        run beside the barrier's evaluation) and are not part of it. One
+        aggregate in the database: the driver asks at every barrier.
+
+        Raises:
+            RunNotFound: no run ``name``.
+        """
+
+        def read(c: Connection) -> int:
+            self._check_run(c, name)
+            stmt = select(func.max(_VER.c.number)).where(
+                _VER.c.run == name, or_(_VER.c.epoch.is_(None), _VER.c.epoch <= epoch)
+            )
+            return int(c.execute(stmt).scalar_one())
+
+        return self._db.read(read)
+
     def _rows_of_run(self, c: Connection, model: type[M], stmt: Select[Any], name: str) -> list[M]:
         """The rows ``stmt`` selects as ``model``s; none only if the run exists."""
         rows = many(c, model, stmt)

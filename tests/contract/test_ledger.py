@@ -245,6 +245,36 @@ def test_filtered_queries_match_filtering_every_row(ledger: Ledger) -> None:
         ledger.attempts("nope", states=("running",))
 
 
+def _merged_in_order(ledger: Ledger, name: str, epochs: list[int]) -> None:
+    """A run whose versions v1, v2, ... come from these epochs, in this order."""
+    ledger.create_run(name, json.dumps({}), f"{name}/v0", "sum0")
+    shard: dict[int, int] = {}
+    for head, epoch in enumerate(epochs):
+        ledger.ensure_subtasks(name, epoch, len(epochs))
+        shard[epoch] = shard.get(epoch, -1) + 1
+        merge(ledger, name, ledger.start_attempt(name, epoch, shard[epoch], "w").id, head)
+
+
+@pytest.mark.parametrize(
+    ("epochs", "expected"),
+    [
+        # The next epoch's merges, already in beside the barrier, are not its.
+        ([0, 0, 0, 1, 1], {0: 3, 1: 5, 2: 5}),
+        # Nothing merged yet: v0; an epoch without merges ends on the one before.
+        ([], {0: 0, 3: 0}),
+        ([0, 0, 2], {0: 2, 1: 2, 2: 3}),
+        # A quorum-deferred shard of epoch 0 merged after epoch 1's v2: v3
+        # (it contains v2), the inexactness flows/epoch.py's docstring names.
+        ([0, 1, 0, 1], {0: 3, 1: 4}),
+    ],
+)
+def test_barrier_head(ledger: Ledger, epochs: list[int], expected: dict[int, int]) -> None:
+    _merged_in_order(ledger, "b", epochs)
+    assert {e: ledger.barrier_head("b", e) for e in expected} == expected
+    with pytest.raises(RunNotFound):
+        ledger.barrier_head("nope", 0)
+
+
 def test_returned_rows_are_the_stored_rows(ledger: Ledger) -> None:
     """What a write returns is exactly what a later read gets, every field."""
     new_run(ledger, "a")
