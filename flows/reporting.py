@@ -35,12 +35,12 @@ from vcdl.artifacts import (
     progress_png,
     summary_markdown,
 )
+from vcdl.attempt import TERMINAL_SUBTASK_STATES
 from vcdl.cost import run_cost_report
 from vcdl.ledger_models import utcnow
 from vcdl.runtime import RunRef
 
 log = logging.getLogger(__name__)
-FINISHED = ("merged", "dropped", "failed")
 
 
 def _logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
@@ -79,7 +79,7 @@ def run_rows(ref: RunRef, cost: dict[str, Any] | None = None) -> list[dict[str, 
 def run_progress(ref: RunRef, epochs: int, shards: int) -> float:
     # A count in the ledger: this runs in the driver's merge loop (once a
     # second), where loading every subtask of a long run took 0.24 s at 10 000.
-    done = ref.ledger().count_subtasks(ref.run, FINISHED)
+    done = ref.ledger().count_subtasks(ref.run, TERMINAL_SUBTASK_STATES)
     return progress_percent(done, epochs * shards)
 
 
