@@ -11,7 +11,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -66,35 +66,91 @@ def _small_pipe() -> tuple[int, int]:
     return r, w
 
 
-def _full_pipe() -> tuple[int, int]:
-    """A small pipe already full: the next write to it blocks."""
-    r, w = _small_pipe()
-    os.set_blocking(w, False)
-    with contextlib.suppress(BlockingIOError):
-        while True:
-            os.write(w, b"." * 512)
-    os.set_blocking(w, True)
-    return r, w
+class StalledConsole:
+    """A console nobody reads until :meth:`read`: a 4 KiB pipe behind a ConsoleQueue.
+
+    :meth:`finish` (the fixture calls it, pass or fail) reads the pipe, closes
+    the queue and closes the stream only once the writer thread has ended: a
+    stream closed under a live writer makes it report "I/O operation on closed
+    file" from its thread while pytest renders the failure, which on CPython
+    3.11.7 can crash pytest itself (gh-106905: two threads in ``ast.parse``).
+    """
+
+    def __init__(self, logger: logging.Logger, capacity: int, full: bool = False) -> None:
+        self.r, w = _small_pipe()
+        if full:  # already full: the writer's first write blocks
+            os.set_blocking(w, False)
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    os.write(w, b"." * 512)
+            os.set_blocking(w, True)
+        self.stream = os.fdopen(w, "w", buffering=1)
+        self.handler = logging.StreamHandler(self.stream)
+        logger.addHandler(self.handler)
+        self.logger = logger
+        self.console = ConsoleQueue(capacity=capacity)
+        self.console.swap(logger)
+        self._chunks: list[bytes] = []
+        self._reader: threading.Thread | None = None
+        self._lines: list[str] | None = None
+
+    def burst(self, n: int) -> None:
+        for i in range(n):
+            self.logger.warning("burst %04d %s", i, "x" * 90)
+
+    def read(self) -> None:
+        """Start reading the pipe (until the stream closes)."""
+        if self._reader is None:
+            self._reader = threading.Thread(target=self._read, daemon=True)
+            self._reader.start()
+
+    def _read(self) -> None:
+        while chunk := os.read(self.r, 65536):
+            self._chunks.append(chunk)
+
+    def writer_ends(self, timeout: float = 30.0) -> bool:
+        """Read, and wait for the writer thread to end (it ends once closed and drained)."""
+        self.read()
+        self.console._thread.join(timeout)
+        return not self.console._thread.is_alive()
+
+    def finish(self) -> list[str]:
+        """Everything the console received, as lines; the pipe is closed. Idempotent."""
+        if self._lines is not None:
+            return self._lines
+        self.read()  # first: a full queue takes close's stop only once the pipe moves
+        self.console.close(drain=30)
+        if not self.writer_ends():
+            # Leave the stream open: a closed one would make the thread report from itself.
+            pytest.fail(f"the console writer is still alive ({self.console.pending} queued)")
+        self.logger.handlers.clear()
+        self.stream.close()
+        assert self._reader is not None
+        self._reader.join(30)
+        os.close(self.r)
+        self._lines = b"".join(self._chunks).decode().splitlines()
+        return self._lines
 
 
-def _drain_until(r: int, done: threading.Event) -> None:
-    os.set_blocking(r, False)
-    while not done.is_set():
-        try:
-            if not os.read(r, 65536):
-                return
-        except BlockingIOError:
-            time.sleep(0.01)
+@pytest.fixture
+def stalled(logger: logging.Logger) -> Iterator[Callable[..., StalledConsole]]:
+    made: list[StalledConsole] = []
+
+    def make(capacity: int, full: bool = False) -> StalledConsole:
+        made.append(StalledConsole(logger, capacity, full))
+        return made[-1]
+
+    yield make
+    for console in made:
+        console.finish()
 
 
-def test_a_blocked_console_never_blocks_the_logging_thread(logger: logging.Logger) -> None:
-    r, w = _small_pipe()
-    stream = os.fdopen(w, "w", buffering=1)
-    original = logging.StreamHandler(stream)
-    logger.addHandler(original)
-    console = ConsoleQueue(capacity=50)
-    console.swap(logger)
-    assert console.handlers == 1 and original not in logger.handlers
+def test_a_blocked_console_never_blocks_the_logging_thread(
+    stalled: Callable[..., StalledConsole],
+) -> None:
+    out = stalled(capacity=50)
+    console, logger = out.console, out.logger
+    assert console.handlers == 1 and out.handler not in logger.handlers
     t = time.perf_counter()
     for i in range(2000):  # ~200 KB: fifty times what the pipe holds
         logger.warning("record %04d %s", i, "x" * 90)
@@ -105,17 +161,8 @@ def test_a_blocked_console_never_blocks_the_logging_thread(logger: logging.Logge
     # The writer thread is stuck in the pipe: close gives up after its drain
     # time and still puts the original handler back.
     assert console.close(drain=0.2) is False
-    assert _own(logger) == [original]
-    done = threading.Event()
-    reader = threading.Thread(target=_drain_until, args=(r, done))
-    reader.start()
-    console._thread.join(10)
-    assert not console._thread.is_alive()  # the blocked write finished once read
-    done.set()
-    reader.join()
-    logger.handlers.clear()
-    stream.close()
-    os.close(r)
+    assert _own(logger) == [out.handler]
+    assert out.writer_ends()  # the blocked write finished once read
 
 
 def test_records_reach_the_original_handler_in_order_and_format(logger: logging.Logger) -> None:
@@ -208,36 +255,24 @@ def test_capacity_must_be_positive() -> None:
         ConsoleQueue(capacity=0)
 
 
-def test_the_console_is_told_where_records_were_dropped(logger: logging.Logger) -> None:
-    r, w = _small_pipe()
-    stream = os.fdopen(w, "w", buffering=1)
-    logger.addHandler(logging.StreamHandler(stream))
-    console = ConsoleQueue(capacity=20)
-    console.swap(logger)
-    for i in range(500):  # the pipe and the queue fill: most of these are dropped
-        logger.warning("burst %04d %s", i, "x" * 90)
+def test_the_console_is_told_where_records_were_dropped(
+    stalled: Callable[..., StalledConsole],
+) -> None:
+    out = stalled(capacity=20)
+    out.burst(500)  # the pipe and the queue fill: most of these are dropped
+    console = out.console
     dropped = console.dropped
     assert dropped > 0
-    chunks: list[bytes] = []
-
-    def read() -> None:
-        while chunk := os.read(r, 65536):
-            chunks.append(chunk)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()  # the console is read again
+    out.read()  # the console is read again
     # Log again only once there is room: a record dropped here would leave the
     # burst's last gap with nothing after it to carry its notice.
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while console.pending and time.monotonic() < deadline:
         time.sleep(0.01)
-    logger.warning("after the gap")
-    assert console.close(drain=10) is True
-    logger.handlers.clear()
-    stream.close()
-    reader.join(10)
-    os.close(r)
-    lines = b"".join(chunks).decode().splitlines()
+    assert console.pending == 0, "the console was read but its queue did not drain in 30 s"
+    out.logger.warning("after the gap")
+    assert console.close(drain=30) is True
+    lines = out.finish()
 
     # The writer may drain a little while the burst still runs, so the burst can
     # have several gaps; each must be announced exactly where it is, with its size.
@@ -264,63 +299,35 @@ def test_the_console_is_told_where_records_were_dropped(logger: logging.Logger) 
     assert console.dropped == console.reported == dropped
 
 
-def _burst(logger: logging.Logger, n: int) -> None:
-    for i in range(n):
-        logger.warning("burst %04d %s", i, "x" * 90)
-
-
-def test_drops_after_the_last_record_are_counted_at_close(logger: logging.Logger) -> None:
-    r, w = _small_pipe()
-    stream = os.fdopen(w, "w", buffering=1)
-    handler = logging.StreamHandler(stream)
-    logger.addHandler(handler)
+def test_drops_after_the_last_record_are_counted_at_close(
+    stalled: Callable[..., StalledConsole],
+) -> None:
+    out = stalled(capacity=20)
+    console = out.console
     notices = logging.getLogger("vcdl.console")  # where close_and_report speaks
-    notices.addHandler(handler)
-    console = ConsoleQueue(capacity=20)
-    console.swap(logger)
-    chunks: list[bytes] = []
-    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(r, 65536), b"")))
+    notices.addHandler(out.handler)
     try:
-        _burst(logger, 500)  # nobody reads: the pipe, then the queue fill
+        out.burst(500)  # nobody reads: the pipe, then the queue fill
         tail = console.dropped - console.reported
         assert tail > 0  # the burst ends in a gap no later record can announce
-        reader.start()
-        assert close_and_report(console, drain=10) is True
+        out.read()
+        assert close_and_report(console, drain=30) is True
     finally:
-        notices.removeHandler(handler)
-        logger.handlers.clear()
-        stream.close()
-    reader.join(10)
-    os.close(r)
-    lines = b"".join(chunks).decode().splitlines()
+        notices.removeHandler(out.handler)
+    lines = out.finish()
     assert lines[-1].startswith(f"{tail} log records were dropped: "), lines[-2:]
     in_stream = sum(int(m[1]) for line in lines if (m := re.match(r"(\d+) log records", line)))
     assert in_stream == console.dropped  # every drop is named once, the tail included
 
 
 def test_a_console_still_blocked_at_close_is_not_written_to(
-    logger: logging.Logger, caplog: pytest.LogCaptureFixture
+    stalled: Callable[..., StalledConsole], caplog: pytest.LogCaptureFixture
 ) -> None:
-    r, w = _full_pipe()
-    stream = os.fdopen(w, "w", buffering=1)
-    logger.addHandler(logging.StreamHandler(stream))
-    console = ConsoleQueue(capacity=5)
-    console.swap(logger)
-    _burst(logger, 200)
+    out = stalled(capacity=5, full=True)
+    out.burst(200)
     started = time.perf_counter()
     with caplog.at_level(logging.WARNING, logger="vcdl.console"):
-        assert close_and_report(console, drain=0.2) is False
+        assert close_and_report(out.console, drain=0.2) is False
     assert time.perf_counter() - started < 5  # bounded: a stalled pipe does not hold the exit
     assert "were dropped" not in caplog.text  # that write would block as well
-    done = threading.Event()
-    drain = threading.Thread(target=_drain_until, args=(r, done))
-    drain.start()  # let the writer thread finish before the pipe goes away
-    deadline = time.monotonic() + 10
-    while console.pending and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.6)  # the writer sees the empty queue and the close, and ends
-    done.set()
-    drain.join(5)
-    logger.handlers.clear()
-    stream.close()
-    os.close(r)
+    # The fixture then reads the pipe and lets the writer end before closing it.
