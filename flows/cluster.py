@@ -35,6 +35,7 @@ from prefect_dask import DaskTaskRunner
 from prefect_dask.client import PrefectDaskClient
 
 from flows.forkserver import forked_workers
+from flows.task_context import VcdlDaskClient
 from flows.watchdog import ClusterWatchdog
 from vcdl.allocator import tune_allocator
 from vcdl.config import RunConfig
@@ -163,8 +164,12 @@ class SharedClientRunner(DaskTaskRunner):
 
 @contextmanager
 def shared_task_runner(address: str) -> Iterator[SharedClientRunner]:
-    """A task runner for the epoch subflows, its Dask client open for the whole run."""
-    with PrefectDaskClient(address, set_as_default=False) as client:
+    """A task runner for the epoch subflows, its Dask client open for the whole run.
+
+    The client also sends Prefect's settings so that each worker builds them
+    once, not at every task (flows/task_context.py).
+    """
+    with VcdlDaskClient(address, set_as_default=False) as client:
         yield SharedClientRunner(client)
 
 
