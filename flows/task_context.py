@@ -1,18 +1,20 @@
-"""Prefect's settings reach a Dask worker once per worker process, not once per task.
+"""Prefect's settings and API client, made once per Dask worker, not once per task.
 
 prefect-dask sends every task the submitting flow's context, its Prefect
 settings as a plain dict; the worker's task engine validates that dict into a
 new ``Settings`` before the task body runs: 54 nested pydantic-settings models,
-each reading the environment and the dotenv files again. Profiled on a Dask
-worker of this machine that was about 0.15 s of the engine's 0.27 s per task,
-paid again at every epoch barrier while both workers idle
-(docs/benchmark-history.md).
+each reading the environment and the dotenv files again; and it opens two new
+API clients, each loading the CA bundle into an SSL context. Profiled on a
+Dask worker of this machine that was about 0.15 + 0.06 s of the engine's
+0.27 s per task, paid again at every epoch barrier while both workers idle
+(docs/benchmark-history.md; ``benchmarks/task_engine.py`` measures it).
 
 :class:`VcdlDaskClient` submits each task through :func:`run_with_settings`,
 which hands the engine a ``Settings`` built from an equal dict before: built
 exactly as the engine would build it (the dict, then the worker's own
 environment for what the dict leaves unset), once per worker process and
-distinct dict. The dict travels beside the context, not inside an object that
+distinct dict, and the worker thread's one open API client for those
+settings. The dict travels beside the context, not inside an object that
 unpickles into settings: the Dask scheduler unpickles every task too (in the
 driver's process for a LocalCluster), where such an object would be built from
 the scheduler's environment and sent on built.
@@ -72,6 +74,8 @@ def _thread_client(key: str, settings_context: dict[str, Any]) -> SyncClientCont
         if settings_context["settings"].client.server_version_check_enabled:
             client_context.client.raise_for_api_version_mismatch_once()
         if len(clients) >= MAX_BUILT:
+            for old in clients.values():
+                old.client.__exit__(None, None, None)
             clients.clear()
         clients[key] = client_context
     return client_context

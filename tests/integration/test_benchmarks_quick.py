@@ -1,8 +1,8 @@
 """The quick paths of the benchmarks not covered elsewhere, run as a user runs them.
 
 ``overhead.py``, ``time_to_accuracy.py`` and ``vc_vs_sequential.py`` have
-tests of their own; these run ``weights_io.py``, ``ledger.py`` and
-``allocator.py`` with ``--quick`` in a subprocess and check the one-line JSON
+tests of their own; these run ``weights_io.py``, ``ledger.py``,
+``allocator.py`` and ``task_engine.py`` with ``--quick`` in a subprocess and check the one-line JSON
 summary each ends with. Timings are not asserted (a shared CI machine), only
 what a run must always show; the allocator's page faults per training step
 are not a timing and are asserted.
@@ -65,3 +65,13 @@ def test_allocator_quick() -> None:
     assert faults["Dask LocalCluster workers (Dask's defaults)"] > 1000, faults
     assert faults["vcdl's cluster workers (allocator tuned)"] < 50, faults
     assert all(v > 0 for v in res["samples_per_s"].values()), res
+
+
+def test_task_engine_quick() -> None:
+    res = _run("task_engine.py")
+    assert res["benchmark"] == "task_engine"
+    results = res["results"]
+    assert set(results) == {"prefect-dask's PrefectDaskClient", "vcdl's VcdlDaskClient"}
+    for r in results.values():
+        assert r["tasks"] == res["rounds"] * res["tasks"]
+        assert r["submit_to_body_s"] > 0 and r["body_to_result_s"] > 0

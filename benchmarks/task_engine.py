@@ -1,0 +1,143 @@
+"""Prefect's task engine on a Dask worker: prefect-dask's client against vcdl's.
+
+Every vcdl attempt is a Prefect task run on a Dask worker, and before its body
+runs the engine on the worker hydrates the flow's context. With prefect-dask's
+own client that rebuilt Prefect's ``Settings`` from a dict and opened two new
+API clients (each loading the CA bundle) at every task: ~0.27 s per task here,
+paid at every epoch barrier while the workers idle. vcdl's client
+(``flows/task_context.py``) builds both once per worker.
+
+One LocalCluster worker (one thread, the flow's Prefect API in its
+environment, as vcdl starts them), tasks whose body returns at once, submitted
+one at a time from a subflow; the two clients alternate subflow by subflow, a
+warm-up subflow each first. Per task: **submit → body** (the driver's submit
+until the body starts: Dask scheduling and the engine before the body) and
+**body → result** (the engine after it and the result's way back), medians.
+
+    python benchmarks/task_engine.py             # 5 rounds x 20 tasks per client
+    python benchmarks/task_engine.py --quick     # 2 rounds x 5 tasks (CI)
+
+Ends with a one-line JSON summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: import the repo's packages
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+# Before prefect is imported: no telemetry from an offline machine; time for
+# the ephemeral API to start on a busy one (as vcdl.api.prepare_prefect).
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+from prefect_dask.client import PrefectDaskClient
+
+from flows.cluster import SharedClientRunner, prefect_api_url
+from flows.task_context import VcdlDaskClient
+
+CLIENTS: dict[str, type[PrefectDaskClient]] = {
+    "prefect-dask's PrefectDaskClient": PrefectDaskClient,
+    "vcdl's VcdlDaskClient": VcdlDaskClient,
+}
+
+
+@task(name="noop", cache_policy=NO_CACHE, persist_result=False)
+def noop() -> tuple[float, float]:
+    """The body's start and end on the worker's clock (the driver's: one machine)."""
+    now = time.time()
+    return now, time.time()
+
+
+@flow(name="task-engine-bench")
+def tasks(n: int) -> list[tuple[float, float]]:
+    """``n`` tasks one at a time: (submit → body, body → result) seconds each."""
+    rows = []
+    for _ in range(n):
+        sent = time.time()
+        started, ended = noop.submit().result()
+        rows.append((started - sent, time.time() - ended))
+    return rows
+
+
+@contextmanager
+def _runner(client_cls: type[PrefectDaskClient], address: str) -> Any:
+    with client_cls(address, set_as_default=False) as client:
+        yield SharedClientRunner(client)
+
+
+def measure(rounds: int, n: int, log: Any = print) -> dict[str, dict[str, Any]]:
+    """Alternate the clients subflow by subflow on one worker; medians per client."""
+    from distributed import LocalCluster
+
+    rows: dict[str, list[tuple[float, float]]] = {name: [] for name in CLIENTS}
+
+    @flow(name="task-engine-bench-parent")
+    def parent() -> None:
+        url = prefect_api_url()
+        env = {"PREFECT_API_URL": url} if url else {}
+        with LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0", env=env
+        ) as cluster:
+            for cls in CLIENTS.values():  # warm-up: imports, the first settings
+                with _runner(cls, cluster.scheduler_address) as runner:
+                    tasks.with_options(task_runner=runner)(2)
+            for r in range(rounds):
+                order = list(CLIENTS.items())
+                for name, cls in order if r % 2 == 0 else order[::-1]:
+                    with _runner(cls, cluster.scheduler_address) as runner:
+                        got = tasks.with_options(task_runner=runner)(n)
+                    rows[name] += got
+                    log(
+                        f"round {r + 1}/{rounds} {name}: submit->body median "
+                        f"{statistics.median(g[0] for g in got):.3f} s"
+                    )
+
+    parent()
+    return {
+        name: {
+            "tasks": len(rs),
+            "submit_to_body_s": round(statistics.median(r[0] for r in rs), 4),
+            "body_to_result_s": round(statistics.median(r[1] for r in rs), 4),
+        }
+        for name, rs in rows.items()
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="2 rounds x 5 tasks (CI)")
+    parser.add_argument("--rounds", type=int, default=None, help="subflows per client (5)")
+    parser.add_argument("--tasks", type=int, default=None, help="tasks per subflow (20)")
+    args = parser.parse_args(argv)
+    rounds = args.rounds or (2 if args.quick else 5)
+    n = args.tasks or (5 if args.quick else 20)
+    if rounds < 1 or n < 1:
+        parser.error("--rounds and --tasks must be at least 1")
+    res = measure(rounds, n)
+    old, new = (res[name] for name in CLIENTS)
+    print(f"\nPrefect task engine on a Dask worker, {rounds} rounds x {n} tasks per client:")
+    print("| client | submit -> body (median) | body -> result (median) |")
+    print("|---|---|---|")
+    for name, r in res.items():
+        print(f"| {name} | {r['submit_to_body_s']:.3f} s | {r['body_to_result_s']:.3f} s |")
+    saved = old["submit_to_body_s"] - new["submit_to_body_s"]
+    print(f"vcdl's client saves {saved:.3f} s before every task body.")
+    summary = {"benchmark": "task_engine", "rounds": rounds, "tasks": n, "results": res}
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
