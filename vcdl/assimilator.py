@@ -195,7 +195,12 @@ def merge_alpha(cfg: RunConfig, epoch: int, staleness: int, merged_in_epoch: int
         m.schedule, epoch, cfg.run.epochs, m.alpha, alpha_end=m.alpha_end, alphas=m.alphas
     )
     return staleness_alpha(
-        alpha, staleness, m.staleness, power=m.staleness_power, max_staleness=m.max_staleness
+        alpha,
+        staleness,
+        m.staleness,
+        power=m.staleness_power,
+        max_staleness=m.max_staleness,
+        grace=m.staleness_grace,
     )
 
 

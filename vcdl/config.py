@@ -127,6 +127,12 @@ class MergeSection(_Section):
         "reject: drop results staler than max_staleness.",
     )
     staleness_power: float = Field(1.0, ge=0, description="p in the 'raise' policy.")
+    staleness_grace: int = Field(
+        0,
+        ge=0,
+        description="raise: staleness up to this is not damped (s' = max(0, s - grace)); "
+        "with N workers nearly every result is N-1 stale.",
+    )
     max_staleness: int | None = Field(None, ge=0, description="Reject results staler than this.")
     max_update_norm: float | None = Field(
         None, gt=0, description="Reject results whose L2 distance from their base exceeds this."

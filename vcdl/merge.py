@@ -507,13 +507,17 @@ def staleness_alpha(
     policy: str = "plain",
     power: float = 1.0,
     max_staleness: int | None = None,
+    grace: int = 0,
 ) -> float | None:
     """Effective α for a result of staleness ``s = v − v_b`` (DESIGN.md §1).
 
     * ``"plain"``: ``alpha`` whatever ``s`` (``max_staleness`` is ignored).
-    * ``"raise"``: ``α_eff = 1 − (1 − α)/(1 + s)^power``, so a stale result
-      moves the head less; equals ``alpha`` at ``s=0``, non-decreasing in
-      ``s``, within ``[alpha, 1]``.
+    * ``"raise"``: ``α_eff = 1 − (1 − α)/(1 + s')^power`` with
+      ``s' = max(0, s − grace)``, so a stale result moves the head less;
+      equals ``alpha`` up to ``s = grace``, non-decreasing in ``s``, within
+      ``[alpha, 1]``. ``grace``: the staleness a fleet has as a matter of
+      course (with N workers nearly every result is N − 1 versions stale),
+      which is then not damped; a result resumed from an old checkpoint still is.
     * ``"reject"``: ``alpha``, unless ``max_staleness`` is set and
       ``s > max_staleness``.
 
@@ -543,11 +547,14 @@ def staleness_alpha(
         raise MergeError(f"power must be finite and >= 0, got {power!r}")
     if max_staleness is not None and max_staleness < 0:
         raise MergeError(f"max_staleness must be >= 0 or None, got {max_staleness!r}")
+    if isinstance(grace, bool) or not isinstance(grace, int) or grace < 0:
+        raise MergeError(f"grace must be an integer >= 0, got {grace!r}")
 
     if policy == "plain":
         return a
     if max_staleness is not None and s > max_staleness:
         return None
+    s = max(0, s - grace) if policy == "raise" else s
     if policy == "reject" or s == 0:
         # s == 0 short-circuits because 1 - (1 - a) need not round back to a.
         return a

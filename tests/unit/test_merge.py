@@ -778,6 +778,22 @@ def test_staleness_reject_and_plain(alpha: float, s: int, max_s: int) -> None:
     assert (raised is None) == (s > max_s)
 
 
+@PROPS
+@given(alphas, st.integers(0, 1000), st.integers(0, 20), st.floats(0.0, 3.0))
+def test_staleness_grace_shifts_the_raise_policy(
+    alpha: float, s: int, grace: int, power: float
+) -> None:
+    got = staleness_alpha(alpha, s, "raise", power, grace=grace)
+    # Up to the grace, undamped; beyond it, the raise policy of the excess.
+    assert got == (alpha if s <= grace else staleness_alpha(alpha, s - grace, "raise", power))
+    assert staleness_alpha(alpha, s, "raise", power, grace=0) == staleness_alpha(
+        alpha, s, "raise", power
+    )
+    # plain and reject ignore it.
+    assert staleness_alpha(alpha, s, "plain", power, grace=grace) == alpha
+    assert staleness_alpha(alpha, s, "reject", power, grace=grace) == alpha
+
+
 def test_staleness_alpha_errors() -> None:
     with pytest.raises(MergeError, match="staleness"):
         staleness_alpha(0.5, -1)
@@ -789,6 +805,8 @@ def test_staleness_alpha_errors() -> None:
         staleness_alpha(0.5, 1, "raise", power=-1.0)
     with pytest.raises(MergeError, match="max_staleness"):
         staleness_alpha(0.5, 1, "reject", max_staleness=-1)
+    with pytest.raises(MergeError, match="grace"):
+        staleness_alpha(0.5, 1, "raise", grace=-1)
     assert staleness_alpha(0.5, 3, "raise", power=1.0) == pytest.approx(0.875)
 
 
