@@ -28,7 +28,6 @@ import os
 import statistics
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +43,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect_dask.client import PrefectDaskClient
 
-from flows.cluster import SharedClientRunner, prefect_api_url
+from flows.cluster import prefect_api_url, shared_task_runner
 from flows.task_context import VcdlDaskClient
 
 CLIENTS: dict[str, type[PrefectDaskClient]] = {
@@ -71,12 +70,6 @@ def tasks(n: int) -> list[tuple[float, float]]:
     return rows
 
 
-@contextmanager
-def _runner(client_cls: type[PrefectDaskClient], address: str) -> Any:
-    with client_cls(address, set_as_default=False) as client:
-        yield SharedClientRunner(client)
-
-
 def measure(rounds: int, n: int, log: Any = print) -> dict[str, dict[str, Any]]:
     """Alternate the clients subflow by subflow on one worker; medians per client."""
     from distributed import LocalCluster
@@ -91,13 +84,13 @@ def measure(rounds: int, n: int, log: Any = print) -> dict[str, dict[str, Any]]:
             n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0", env=env
         ) as cluster:
             for cls in CLIENTS.values():  # warm-up: imports, the first settings
-                with _runner(cls, cluster.scheduler_address) as runner:
-                    tasks.with_options(task_runner=runner)(2)
+                with shared_task_runner(cluster.scheduler_address, cls) as runner:
+                    tasks.with_options(task_runner=runner)(2)  # type: ignore[arg-type]
             for r in range(rounds):
                 order = list(CLIENTS.items())
                 for name, cls in order if r % 2 == 0 else order[::-1]:
-                    with _runner(cls, cluster.scheduler_address) as runner:
-                        got = tasks.with_options(task_runner=runner)(n)
+                    with shared_task_runner(cluster.scheduler_address, cls) as runner:
+                        got = tasks.with_options(task_runner=runner)(n)  # type: ignore[arg-type]
                     rows[name] += got
                     log(
                         f"round {r + 1}/{rounds} {name}: submit->body median "

@@ -163,13 +163,16 @@ class SharedClientRunner(DaskTaskRunner):
 
 
 @contextmanager
-def shared_task_runner(address: str) -> Iterator[SharedClientRunner]:
+def shared_task_runner(
+    address: str, client_class: type[PrefectDaskClient] = VcdlDaskClient
+) -> Iterator[SharedClientRunner]:
     """A task runner for the epoch subflows, its Dask client open for the whole run.
 
-    The client also sends Prefect's settings so that each worker builds them
-    once, not at every task (flows/task_context.py).
+    vcdl's client also sends Prefect's settings so that each worker builds
+    them once, not at every task (flows/task_context.py); benchmarks pass
+    prefect-dask's own as ``client_class`` to compare.
     """
-    with VcdlDaskClient(address, set_as_default=False) as client:
+    with client_class(address, set_as_default=False) as client:
         yield SharedClientRunner(client)
 
 

@@ -104,18 +104,15 @@ class _SettingsOnce(Client):
     """After PrefectDaskClient in the MRO: sees the call it built for a Prefect task."""
 
     def submit(self, func: Any, *args: Any, **kwargs: Any) -> Any:
-        context = kwargs.get("context")
         # prefect-dask's wrapper of a task (functools.wraps) is the only call
         # whose ``context`` is Prefect's serialized context.
-        if not isinstance(getattr(func, "__wrapped__", None), Task) or not isinstance(
-            context, dict
-        ):
-            return super().submit(func, *args, **kwargs)
-        settings_context = context.get("settings_context")
+        is_task = isinstance(getattr(func, "__wrapped__", None), Task)
+        context = kwargs.get("context") if is_task else None
+        settings_context = context.get("settings_context") if isinstance(context, dict) else None
         data = settings_context.get("settings") if isinstance(settings_context, dict) else None
-        if not isinstance(data, dict):
+        if not isinstance(data, dict):  # anything else goes as it came
             return super().submit(func, *args, **kwargs)
-        assert isinstance(settings_context, dict)
+        assert isinstance(context, dict) and isinstance(settings_context, dict)
         kwargs["context"] = {**context, "settings_context": {**settings_context, "settings": None}}
         if kwargs.get("key") is None:
             # The key Dask would give the wrapper (its task's name), unique per
