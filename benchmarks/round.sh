@@ -21,11 +21,19 @@ run() {
 run allocator benchmarks/allocator.py
 run overhead benchmarks/overhead.py --repeats 3
 run overhead_kills benchmarks/overhead.py --repeats 3 --kill-every 15 --epochs 4
+run task_engine benchmarks/task_engine.py
 run weights_io benchmarks/weights_io.py
 run ledger benchmarks/ledger.py
+# DESIGN.md's plain VC-ASGD (alpha 0.3), and the example's delta rule with a
+# constant alpha, each beside the example's config as shipped.
+vcasgd=merge.rule=vc_asgd,merge.schedule=constant,merge.staleness=plain,merge.staleness_grace=0
+constant=merge.schedule=constant
 run tta_a benchmarks/time_to_accuracy.py --parts a --repeats 3 \
-  --vcdl-also merge.rule=delta --vcdl-also merge.rule=delta,merge.staleness=raise
+  --vcdl-also "$vcasgd" --vcdl-also "$constant"
 run vc_vs_seq benchmarks/vc_vs_sequential.py --repeats 3
+run vc_vs_seq_vcasgd benchmarks/vc_vs_sequential.py --repeats 3 \
+  --set merge.rule=vc_asgd --set merge.schedule=constant \
+  --set merge.staleness=plain --set merge.staleness_grace=0
 run tta_b benchmarks/time_to_accuracy.py --parts b --repeats-b 3 \
-  --vcdl-also merge.rule=delta,merge.staleness=raise
+  --vcdl-also "$vcasgd" --vcdl-also "$constant"
 echo "DONE $(date -u +%H:%M:%S)" >>"$logs/times.log"
