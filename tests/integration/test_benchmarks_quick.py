@@ -3,9 +3,9 @@
 ``overhead.py``, ``time_to_accuracy.py`` and ``vc_vs_sequential.py`` have
 tests of their own; these run ``weights_io.py``, ``ledger.py``,
 ``allocator.py`` and ``task_engine.py`` with ``--quick`` in a subprocess and
-check the one-line JSON summary each ends with. Timings are not asserted (a shared CI machine), only
-what a run must always show; the allocator's page faults per training step
-are not a timing and are asserted.
+check the one-line JSON summary each ends with. Timings are not asserted (a
+shared CI machine), only what a run must always show; the allocator's page
+faults per training step are not a timing and are asserted.
 """
 
 from __future__ import annotations
