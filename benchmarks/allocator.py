@@ -35,15 +35,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vcdl.allocator import MMAP_THRESHOLD, TRIM_THRESHOLD
+from vcdl.allocator import TUNED_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 DASK_ENV = {"MALLOC_TRIM_THRESHOLD_": "65536"}
-# What vcdl.allocator.tune_allocator sets, as glibc's environment variables.
-TUNED_ENV = {
-    "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
-    "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD),
-}
 WIDTH = 256
 
 

@@ -136,7 +136,15 @@ def main() -> None:
     )
     mark_t0 = rank == 0 and not _has_t0(events)
     if rank == 0:
-        _event(events, event="start", restart=restart, resumed_epoch=resumed, world=world)
+        _event(
+            events,
+            event="start",
+            restart=restart,
+            resumed_epoch=resumed,
+            world=world,
+            # What glibc's allocator started with (set only by the tuned contender).
+            malloc_env={k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+        )
     steps = -(-sampler.num_samples // per_rank)
     every = max(1, steps // max(1, args.snapshots))
     snapshots: list[tuple[float, int, dict[str, torch.Tensor]]] = []

@@ -50,8 +50,13 @@ Method (the same for every contender):
   ``checkpoint_seconds_b`` of training in part b). Training lost to a kill
   after the last checkpoint does not count.
 * Savings: ``vcdl.cost.cost_report`` on the part (b) vcdl run.
+* Allocator: vcdl's workers set glibc's mmap and trim thresholds
+  (vcdl/allocator.py); one process and DDP run with glibc's defaults, as a
+  plain script gets them. Part (a) also runs DDP with vcdl's thresholds
+  (``ddp_tuned``, as glibc's environment variables) to show what that
+  difference is worth.
 * Contenders run one after another in each repeat (vcdl, any ``--vcdl-also``
-  variants of it, one process in part a, DDP);
+  variants of it, one process in part a, DDP, DDP with vcdl's allocator);
   figures are medians over ``--repeats``. The machine is shared: timings
   are noisy.
 
@@ -89,6 +94,7 @@ from benchmarks.tta_common import (
     time_to,
 )
 from benchmarks.tta_contenders import run_ddp, run_one_process, run_vcdl
+from vcdl.allocator import TUNED_ENV
 
 __all__ = ["QUICK", "Settings", "contenders", "run_benchmark", "summary_line"]
 
@@ -134,24 +140,28 @@ def part_a(s: Settings, npz: Path, work: Path, log: Callable[[str], None]) -> di
     cfg, vcdls = contenders(s, s.width_a, s.epochs_a, "tta-a", s.overrides_a)
     snapshots = max(s.snapshots, cfg.data.shards)
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in vcdls}
-    runs |= {"one_process": [], "ddp": []}
+    ddps: dict[str, dict[str, str]] = {"ddp": {}}
+    ddps |= {"ddp_tuned": TUNED_ENV} if s.tuned_ddp else {}
+    runs |= {"one_process": [], **{name: [] for name in ddps}}
     for i in range(s.repeats_a):
         for j, (name, vcfg) in enumerate(vcdls.items()):
             runs[name].append(
                 run_vcdl(vcfg, npz, work / f"a{i}-vcdl{j or ''}", events=[], seed=s.kill_seed)
             )
         runs["one_process"].append(run_one_process(cfg, npz, snapshots))
-        runs["ddp"].append(
-            run_ddp(
-                cfg,
-                npz,
-                work / f"a{i}-ddp",
-                checkpoint=False,
-                events=[],
-                seed=s.kill_seed,
-                snapshots_per_epoch=snapshots,
+        for name, env in ddps.items():
+            runs[name].append(
+                run_ddp(
+                    cfg,
+                    npz,
+                    work / f"a{i}-{name}",
+                    checkpoint=False,
+                    events=[],
+                    seed=s.kill_seed,
+                    snapshots_per_epoch=snapshots,
+                    env_extra=env,
+                )
             )
-        )
         for name, r in runs.items():
             log(f"(a) run {i + 1}/{s.repeats_a} {name}: {_brief(r[-1], s.targets_a)}")
     out: dict[str, Any] = {
@@ -265,6 +275,15 @@ def verdicts(res: dict[str, Any], s: Settings) -> list[tuple[str, bool | None, s
         vc, ddp = a["vcdl"][key], a["ddp"][key]
         ok = vc is not None and (ddp is None or vc <= ddp)
         out.append((f"(a) vcdl time to {key[8:]}% <= DDP's", ok, f"{_fmt(vc)} vs {_fmt(ddp)}"))
+        if "ddp_tuned" in a:
+            tuned = a["ddp_tuned"][key]
+            out.append(
+                (
+                    f"(a) vcdl time to {key[8:]}% <= DDP's with vcdl's allocator thresholds",
+                    vc is not None and (tuned is None or vc <= tuned),
+                    f"{_fmt(vc)} vs {_fmt(tuned)}",
+                )
+            )
     if "b" in res:
         b, key = res["b"], f"time_to_{_pct(s.target_b)}"
         vc, ddp = b["vcdl"][key], b["ddp"][key]
@@ -333,6 +352,7 @@ def print_report(res: dict[str, Any], s: Settings) -> None:
         )
         head = "".join(f"{'to ' + k[8:] + '%':>10}" for k in keys)
         names = ["vcdl", *(f"vcdl {v}" for v in a.get("variants", [])), "one_process", "ddp"]
+        names += ["ddp_tuned"] if "ddp_tuned" in a else []
         width = max(14, *(len(n) + 2 for n in names))
         print(f"{'contender':<{width}}{head}{'final acc':>11}{'train wall':>12}{'total wall':>12}")
         for name in names:
@@ -401,6 +421,11 @@ def main() -> None:
     p.add_argument("--work-dir", help="keep every run's files here (default: a temp dir)")
     p.add_argument("--json-out", help="also write every figure (curves included) to this file")
     p.add_argument(
+        "--no-tuned-ddp",
+        action="store_true",
+        help="part (a) without the DDP contender run with vcdl's allocator thresholds",
+    )
+    p.add_argument(
         "--set-a",
         action="append",
         metavar="KEY=VALUE",
@@ -418,7 +443,7 @@ def main() -> None:
     s = QUICK if args.quick else Settings()
     if args.vcdl_also:
         s = replace(s, variants=tuple(args.vcdl_also))
-    s = replace(s, parts=tuple(args.parts))
+    s = replace(s, parts=tuple(args.parts), tuned_ddp=not args.no_tuned_ddp)
     if args.set_a is not None:
         s = replace(s, overrides_a=tuple(args.set_a))
     for arg, name in (

@@ -57,6 +57,9 @@ class Settings:
     # Weight copies per epoch of the fault-free one process and DDP: at least
     # as often as vcdl makes versions, so their time-to is never the coarser.
     snapshots: int = 8
+    # Part (a) also runs DDP with vcdl's allocator thresholds (``ddp_tuned``):
+    # vcdl's workers get them, a plain torchrun does not (vcdl/allocator.py).
+    tuned_ddp: bool = True
     config: str = str(REPO / "examples" / "mnist1d.toml")
     cache_dir: str = str(Path(tempfile.gettempdir()) / "vcdl-tta-cache")
     parts: tuple[str, ...] = ("a", "b")

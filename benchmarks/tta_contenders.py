@@ -139,8 +139,14 @@ def run_ddp(
     seed: int,
     snapshots_per_epoch: int,
     timeout: float = 1800.0,
+    env_extra: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """``torchrun`` 2-process DDP; with ``events``, its ranks are SIGKILLed on schedule."""
+    """``torchrun`` 2-process DDP; with ``events``, its ranks are SIGKILLed on schedule.
+
+    ``env_extra`` is added to the agent's (and so the ranks') environment,
+    e.g. glibc's thresholds as vcdl's workers set them
+    (``vcdl.allocator.TUNED_ENV``).
+    """
     out.mkdir(parents=True, exist_ok=True)
     config = out / "run.json"
     config.write_text(cfg.model_dump_json())
@@ -158,7 +164,7 @@ def run_ddp(
     ]  # fmt: skip
     if checkpoint:
         cmd.append("--checkpoint")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env_extra or {})}
     log = out / "torchrun.log"
     started = time.time()
     with log.open("wb") as logf:
@@ -210,6 +216,7 @@ def run_ddp(
         "train_wall": round(done - t0, 2),
         "total_wall": round(total, 2),
         "restarts": len(starts) - 1,
+        "malloc_env": starts[0].get("malloc_env", {}) if starts else {},
         "resumed_from_checkpoint": sum(1 for e in starts if e.get("resumed_epoch") is not None),
         "checkpoint_write_seconds": round(
             sum(e.get("write_seconds", 0.0) for e in evs if e["event"] == "checkpoint"), 2

@@ -41,6 +41,13 @@ TRIM_THRESHOLD = 128 << 20
 
 ENV_SWITCH = "VCDL_MALLOC_TUNING"
 
+TUNED_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
+    "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD),
+}
+"""The same thresholds as the environment variables glibc reads at start-up:
+a process started with them allocates as a tuned worker does, unchanged."""
+
 
 def _glibc() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):

@@ -1,7 +1,8 @@
 """Sanity of benchmarks/time_to_accuracy.py's ``--quick`` path (no timing thresholds).
 
 Runs both parts at the quick sizes (part a with a delta-rule variant of
-vcdl beside the shipped config): every contender must have trained and
+vcdl beside the shipped config, and DDP with and without vcdl's allocator
+thresholds): every contender must have trained and
 been evaluated (accuracies in [0, 1], timestamps after time zero), the kill
 schedule must have hit both contenders of part (b), and torchrun must have
 resumed DDP from a checkpoint at least once.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +20,7 @@ import pytest
 
 from benchmarks.time_to_accuracy import QUICK, run_benchmark, summary_line
 from tests.logrecords import RecordingHandler
+from vcdl.allocator import TUNED_ENV
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(1200)]
 
@@ -56,10 +59,15 @@ def _check_quick_benchmark(tmp_path: Path) -> None:
     print(json.dumps(summary_line(res)))
 
     a = res["a"]
-    for name in ("vcdl", "vcdl merge.rule=delta,merge.alpha=0.5", "one_process", "ddp"):
+    names = ("vcdl", "vcdl merge.rule=delta,merge.alpha=0.5", "one_process", "ddp", "ddp_tuned")
+    for name in names:
         assert len(a[name]["runs"]) == s.repeats_a
         for run in a[name]["runs"]:
             _check_curve(run["curve"])
+    # The tuned contender's ranks started with vcdl's thresholds, the other with none.
+    inherited = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
+    assert a["ddp_tuned"]["runs"][0]["malloc_env"] == inherited | TUNED_ENV
+    assert a["ddp"]["runs"][0]["malloc_env"] == inherited
     assert a["vcdl"]["runs"][0]["t0"] == "driver's first submission"
 
     b = res["b"]
@@ -71,4 +79,4 @@ def _check_quick_benchmark(tmp_path: Path) -> None:
     assert ddp["resumed_from_checkpoint"] >= 1, ddp
     assert 0.0 < vc["utilization"] <= 1.0
     assert {v["result"] for v in res["verdicts"]} <= {"PASS", "MISS", None}
-    assert len(res["verdicts"]) == 4
+    assert len(res["verdicts"]) == 5
