@@ -35,9 +35,12 @@ import dask
 from distributed import KilledWorker
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import State
 from prefect.futures import PrefectFuture
+from prefect.states import Cancelled
 
 from flows.cluster import training_slots, worker_left_at
+from flows.pipeline import RunStopping, current_gate
 from flows.reporting import ProgressUpdater, publish_epoch_table
 from vcdl.assimilator import MERGEABLE_ATTEMPT_STATES, merge_attempt, run_head_cache
 from vcdl.attempt import (
@@ -173,8 +176,7 @@ def release(future: PrefectFuture[Any]) -> None:
 def _set_task_run_state(future: PrefectFuture[Any], kind: str, message: str) -> None:
     """Tell Prefect the truth about a task run its engine cannot finish (worker gone)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.objects import State
-    from prefect.states import Cancelled, Crashed
+    from prefect.states import Crashed
 
     state: State[Any] = (
         Crashed(message=message) if kind == "crashed" else Cancelled(message=message)
@@ -214,6 +216,9 @@ class EpochDriver:
             ("merged", "duplicate", "rejected", "skipped", "errors", "reissued", "timeouts"), 0
         ) | {"killed": 0, "dropped": 0, "deferred": 0, "failed": 0}
         self.quorum_at: float | None = None
+        # Set when run by flows/pipeline.py: wait for the previous epoch's
+        # barrier before acting, say when only the last results are left.
+        self.gate = current_gate()
 
     # -- bookkeeping ---------------------------------------------------------
 
@@ -461,6 +466,15 @@ class EpochDriver:
                 self._on_done(fut, key)
                 release(fut)
             self._check_quorum()
+            self._in_tail()
+
+    def _in_tail(self) -> None:
+        """Let the next epoch's subflow set up once this one waits only for its last results."""
+        if self.gate is None:
+            return
+        self.gate.check()  # the run is stopping (interrupted): leave the rest to a resume
+        if len(self.pending) <= self.cfg.cluster.workers:
+            self.gate.tail()
 
     def _settle(self) -> None:
         """Results that arrived for subtasks merged from another attempt are duplicates.
@@ -526,6 +540,11 @@ class EpochDriver:
         return ev
 
     def run(self) -> dict[str, Any]:
+        if self.gate is not None:
+            # Nothing before the previous epoch's barrier (flows/pipeline.py).
+            if self.gate.previous is not None and not self.gate.previous.is_set():
+                self.log.info("set up; waiting for epoch %d's last results", self.epoch - 1)
+            self.gate.wait_previous()
         self.ledger.ensure_subtasks(self.ref.run, self.epoch, self.cfg.data.shards)
         if self.cfg.merge.rule == "average":
             merged = [v.number for v in self.ledger.versions(self.ref.run) if v.epoch == self.epoch]
@@ -536,6 +555,7 @@ class EpochDriver:
         self.recover()
         for key in self._todo():
             self.submit(key)
+        self._in_tail()  # few shards left (resumed, deferred): maybe in the tail already
         started = time.perf_counter()
         # The epoch barrier's evaluation overlaps this epoch's first attempts,
         # in a thread: neither the workers nor the merges of their results
@@ -563,6 +583,8 @@ class EpochDriver:
         # the run counts it as done (a resumed driver then evaluates it again).
         ev = self._evaluate(self.epoch, head) if self.final else None
         self.ledger.update_run(self.ref.run, epochs_completed=self.epoch + 1)
+        if self.gate is not None:
+            self.gate.passed.set()  # the barrier: the next epoch may act
         self.progress(force=True)
         self.log.info(
             "epoch %d done in %.1fs: head v%d", self.epoch, time.perf_counter() - started, head
@@ -582,10 +604,15 @@ def epoch_flow(
     epoch: int,
     final: bool = False,
     progress_id: str | None = None,
-) -> dict[str, Any]:
+) -> dict[str, Any] | State[Any]:
     """Run every unfinished shard of one epoch and merge each result as it lands.
 
     ``progress_id`` is the run's progress artifact (see flows/reporting.py),
-    updated as shards are merged.
+    updated as shards are merged. Run by flows/pipeline.py, it ends
+    Cancelled when the run stops before or while it runs (an earlier epoch
+    failed, the train flow was interrupted): a resume does the rest.
     """
-    return EpochDriver(ref, config, epoch, final, progress_id).run()
+    try:
+        return EpochDriver(ref, config, epoch, final, progress_id).run()
+    except RunStopping as exc:
+        return Cancelled(message=str(exc))

@@ -2,8 +2,9 @@
 
 Reads as a plain sequence: prepare (create or resume) the run, take the run's
 lease, start or connect to the Dask cluster, then run the epoch subflow for
-each remaining epoch. The ledger decides what is left to do, so running the
-flow again with the same run name resumes where it stopped.
+each remaining epoch, in order (flows/pipeline.py). The ledger decides what
+is left to do, so running the flow again with the same run name resumes
+where it stopped.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pydantic import BaseModel, Field
 
 from flows.cluster import dask_cluster, shared_task_runner
 from flows.epoch import epoch_flow
+from flows.pipeline import run_epochs
 from flows.reporting import (
     ProgressUpdater,
     emit,
@@ -261,9 +263,18 @@ def _train(config: RunConfig, home: str | None, chaos: ChaosSpec | None) -> dict
                     validate_parameters=False,
                 )
                 with epoch_heartbeats_off():
-                    for epoch in range(run.epochs_completed, cfg.run.epochs):
-                        final = epoch == cfg.run.epochs - 1
-                        epoch_subflow(ref, cfg, epoch, final=final, progress_id=progress_id)
+                    # In order; each next epoch's Prefect set-up overlaps the
+                    # current one's last results (flows/pipeline.py).
+                    run_epochs(
+                        lambda epoch: epoch_subflow(
+                            ref,
+                            cfg,
+                            epoch,
+                            final=epoch == cfg.run.epochs - 1,
+                            progress_id=progress_id,
+                        ),
+                        range(run.epochs_completed, cfg.run.epochs),
+                    )
                 if chaos_thread is not None:
                     logger.warning("preemptions sent: %s", chaos_thread.counts())
         except BaseException:

@@ -77,6 +77,38 @@ def test_run_completes_with_history(trained: dict[str, Any]) -> None:
     assert status["head_version"] == 8 and status["test_accuracy"] == s["test_accuracy"]
 
 
+def test_each_epoch_acts_only_after_the_previous_barrier(trained: dict[str, Any]) -> None:
+    # flows/pipeline.py starts epoch e+1's subflow during e's last results;
+    # its attempts must still start after e's last merge (DESIGN.md's barrier).
+    ledger = api.run_ref("it-run", home=trained["home"]).ledger()
+    last_merge = max(v.created_at for v in ledger.versions("it-run") if v.epoch == 0)
+    first_claim = min(a.started_at for a in ledger.attempts("it-run", 1))
+    assert first_claim > last_merge
+
+
+def test_epoch_subflows_are_completed_children_of_the_train_flow(
+    trained: dict[str, Any],
+) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    names = ["it-run · epoch 0", "it-run · epoch 1"]
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=names))
+        )
+        assert sorted(r.name for r in runs) == names
+        assert all(r.state is not None and r.state.is_completed() for r in runs)
+        # Subflows started from a pipeline thread still belong to the train flow run.
+        parents = {
+            client.read_task_run(r.parent_task_run_id).flow_run_id
+            for r in runs
+            if r.parent_task_run_id is not None
+        }
+    assert len(parents) == 1 and len(runs) == 2
+    assert all(r.parent_task_run_id is not None for r in runs)
+
+
 def test_audit_is_clean(trained: dict[str, Any]) -> None:
     ref = api.run_ref("it-run", home=trained["home"])
     assert audit_run(ref, deep=True) == []
