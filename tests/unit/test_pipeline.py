@@ -136,3 +136,30 @@ def test_the_tail_is_signalled_once() -> None:
     gate.tail()
     gate.tail()
     assert calls == [1]
+
+
+def test_an_interrupt_stops_the_draining_epoch_and_is_raised() -> None:
+    import _thread
+
+    stopped: list[str] = []
+
+    def run_epoch(epoch: int) -> None:
+        gate = current_gate()
+        assert gate is not None
+        gate.wait_previous()
+        deadline = time.monotonic() + 10
+        try:
+            while time.monotonic() < deadline:  # draining: checks at every result
+                gate.check()
+                time.sleep(0.01)
+        except RunStopping as exc:
+            stopped.append(str(exc))
+            raise
+        gate.passed.set()
+
+    threading.Timer(0.2, _thread.interrupt_main).start()  # Ctrl-C in the train flow
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_epochs(run_epoch, [0, 1])
+    assert stopped == ["epoch 0 not finished: the run is stopping"]
+    assert time.monotonic() - started < 5
