@@ -272,18 +272,18 @@ def verdicts(res: dict[str, Any], s: Settings) -> list[tuple[str, bool | None, s
     out: list[tuple[str, bool | None, str]] = []
     if "a" in res:
         a, key = res["a"], f"time_to_{_pct(s.targets_a[0])}"
-        vc, ddp = a["vcdl"][key], a["ddp"][key]
-        ok = vc is not None and (ddp is None or vc <= ddp)
-        out.append((f"(a) vcdl time to {key[8:]}% <= DDP's", ok, f"{_fmt(vc)} vs {_fmt(ddp)}"))
-        if "ddp_tuned" in a:
-            tuned = a["ddp_tuned"][key]
-            out.append(
-                (
-                    f"(a) vcdl time to {key[8:]}% <= DDP's with vcdl's allocator thresholds",
-                    vc is not None and (tuned is None or vc <= tuned),
-                    f"{_fmt(vc)} vs {_fmt(tuned)}",
+        vc = a["vcdl"][key]
+        for name, label in (("ddp", ""), ("ddp_tuned", " with vcdl's allocator thresholds")):
+            if name in a:
+                ddp = a[name][key]
+                ok = vc is not None and (ddp is None or vc <= ddp)
+                out.append(
+                    (
+                        f"(a) vcdl time to {key[8:]}% <= DDP's{label}",
+                        ok,
+                        f"{_fmt(vc)} vs {_fmt(ddp)}",
+                    )
                 )
-            )
     if "b" in res:
         b, key = res["b"], f"time_to_{_pct(s.target_b)}"
         vc, ddp = b["vcdl"][key], b["ddp"][key]

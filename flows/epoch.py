@@ -466,13 +466,18 @@ class EpochDriver:
                 self._on_done(fut, key)
                 release(fut)
             self._check_quorum()
-            self._in_tail()
+            self._tell_gate()
 
-    def _in_tail(self) -> None:
-        """Let the next epoch's subflow set up once this one waits only for its last results."""
+    def _tell_gate(self) -> None:
+        """Tell the gate of flows/pipeline.py where this epoch is.
+
+        Raises RunStopping if the run is stopping (interrupted: a resume does
+        the rest); lets the next epoch's subflow set up once this one waits
+        only for its last results.
+        """
         if self.gate is None:
             return
-        self.gate.check()  # the run is stopping (interrupted): leave the rest to a resume
+        self.gate.check()
         if len(self.pending) <= self.cfg.cluster.workers:
             self.gate.tail()
 
@@ -555,7 +560,7 @@ class EpochDriver:
         self.recover()
         for key in self._todo():
             self.submit(key)
-        self._in_tail()  # few shards left (resumed, deferred): maybe in the tail already
+        self._tell_gate()  # few shards left (resumed, deferred): maybe in the tail already
         started = time.perf_counter()
         # The epoch barrier's evaluation overlaps this epoch's first attempts,
         # in a thread: neither the workers nor the merges of their results
