@@ -92,3 +92,57 @@ def test_the_wrapper_hands_the_engine_built_settings_and_the_threads_client(
     assert first["client"] is second["client"] is not third["client"]
     assert str(first["client"].client.api_url) == "http://127.0.0.1:9/api/"
     assert SyncClientContext.get() is None  # set only while the task runs
+
+
+def test_submissions_serialize_a_settings_context_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect.context import SettingsContext
+    from prefect.settings import temporary_settings
+    from prefect.settings.models.root import Settings as PrefectSettings
+
+    monkeypatch.setattr(task_context, "_serialized", {})
+    context = SettingsContext.get()
+    assert context is not None
+    prefect_own = task_context._prefect_serialize(context)
+    # Outside a submission: Prefect's method, a fresh dict each time.
+    assert context.serialize() is not context.serialize()
+    assert context.serialize() == prefect_own
+    monkeypatch.setattr(task_context._submitting, "active", True, raising=False)
+    first = context.serialize()
+    assert first == prefect_own and context.serialize() is first
+    assert task_context._memo_settings_key(first["settings"]) == settings_key(
+        prefect_own["settings"]
+    )
+    # An equal dict that is not the memo's is hashed, to the same key.
+    assert task_context._memo_settings_key(dict(first["settings"])) == settings_key(
+        first["settings"]
+    )
+    # Another settings context (temporary settings): serialized afresh, its own values.
+    with temporary_settings({"PREFECT_CLIENT_MAX_RETRIES": 7}):
+        other = SettingsContext.get()
+        assert other is not None and other is not context
+        changed = other.serialize()
+        assert changed is not first and changed["settings"]["client"]["max_retries"] == 7
+        assert PrefectSettings(**changed["settings"]).client.max_retries == 7
+    assert context.serialize() is first
+
+
+def test_the_client_marks_only_its_own_task_submissions(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect import task
+    from prefect_dask.client import PrefectDaskClient
+
+    seen: list[bool] = []
+
+    def fake_submit(self: Any, func: Any, *args: Any, **kwargs: Any) -> str:
+        seen.append(getattr(task_context._submitting, "active", False))
+        return "future"
+
+    monkeypatch.setattr(PrefectDaskClient, "submit", fake_submit)
+    client = object.__new__(task_context.VcdlDaskClient)  # no cluster: only submit's wrapping
+
+    @task
+    def shard() -> None:
+        return None
+
+    assert client.submit(shard) == "future" and client.submit(len, [1]) == "future"
+    assert seen == [True, False]
+    assert getattr(task_context._submitting, "active", False) is False
