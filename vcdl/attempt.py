@@ -191,7 +191,7 @@ def load_shard(ref: RunRef, epoch: int, shard: int, config: RunConfig | None = N
     cfg = config if config is not None else ref.config()
     info = open_dataset(store, cfg.data.name)
     rows = shard_indices(info.n_train, cfg.data.shards, cfg.run.seed, epoch, shard)
-    x, y = read_rows(store, cfg.data.name, "train", rows)
+    x, y = read_rows(store, cfg.data.name, "train", rows, cache_bytes=cfg.data.cache_mb << 20)
     model = build_model(
         cfg.model.factory,
         cfg.model.kwargs,

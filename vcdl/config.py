@@ -62,6 +62,13 @@ class DataSection(_Section):
         None, ge=100, description="Samples to generate for a built-in generated set (mnist1d)."
     )
     eval_batch_size: int = Field(1000, ge=1, description="Batch size for evaluation.")
+    cache_mb: int = Field(
+        256,
+        ge=0,
+        description="A training split up to this size (decoded) is kept in each worker "
+        "process's memory after its first shard, so later shards are indexed in memory "
+        "instead of decoding every chunk their rows are scattered over; 0 = never.",
+    )
 
 
 class ModelSection(_Section):

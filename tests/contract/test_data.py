@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 import zarr
 
+import vcdl.data
 from vcdl.data import (
     DatasetInfo,
+    SplitCache,
     import_npz,
     list_datasets,
     make_digits,
@@ -226,6 +228,81 @@ def test_read_rows_in_given_order(store: WeightStore) -> None:
     xt, yt = read_rows(store, "toy", "test", perm)
     np.testing.assert_array_equal(xt, arrays["x_test"][perm])
     np.testing.assert_array_equal(yt, arrays["y_test"][perm])
+
+
+@pytest.fixture
+def split_cache(monkeypatch: pytest.MonkeyPatch) -> SplitCache:
+    cache = SplitCache()
+    monkeypatch.setattr(vcdl.data, "split_cache", cache)
+    return cache
+
+
+def test_cached_rows_equal_stored_rows(store: WeightStore, split_cache: SplitCache) -> None:
+    arrays = small(n_train=1000, shape=(5,))
+    write_dataset(store, "toy", **arrays, source="test")
+    for seed in range(3):
+        idx = np.random.default_rng(seed).integers(0, 1000, size=300)  # repeats, any order
+        x, y = read_rows(store, "toy", "train", idx, cache_bytes=1 << 20)
+        np.testing.assert_array_equal(x, arrays["x_train"][idx])
+        np.testing.assert_array_equal(y, arrays["y_train"][idx])
+        assert x.dtype == np.float32 and y.dtype == np.int64
+        assert x.flags.writeable and y.flags.writeable  # the caller's own copies
+    assert len(split_cache._items) == 1  # decoded once, indexed three times
+    ((kept_x, kept_y),) = split_cache._items.values()
+    assert not kept_x.flags.writeable and not kept_y.flags.writeable
+
+
+def test_cache_reads_the_split_once(
+    store: WeightStore, split_cache: SplitCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_dataset(store, "toy", **small(n_train=1000, shape=(5,)), source="test")
+    read_rows(store, "toy", "train", np.arange(10), cache_bytes=1 << 20)
+    # Every later shard comes from memory: no chunk read at all.
+    monkeypatch.setattr(zarr.Array, "__getitem__", lambda *a: pytest.fail("read the store"))
+    monkeypatch.setattr(zarr.Array, "oindex", property(lambda *a: pytest.fail("read the store")))
+    x, _ = read_rows(store, "toy", "train", np.array([999, 0]), cache_bytes=1 << 20)
+    assert x.shape == (2, 5)
+
+
+def test_a_split_over_the_budget_is_read_from_the_store(
+    store: WeightStore, split_cache: SplitCache
+) -> None:
+    arrays = small(n_train=1000, shape=(5,))  # 1000 * (5 * 4 + 8) bytes
+    write_dataset(store, "toy", **arrays, source="test")
+    idx = np.array([5, 1, 5])
+    x, _ = read_rows(store, "toy", "train", idx, cache_bytes=27_999)
+    np.testing.assert_array_equal(x, arrays["x_train"][idx])
+    assert not split_cache._items
+    read_rows(store, "toy", "train", idx, cache_bytes=28_000)
+    assert len(split_cache._items) == 1
+    read_rows(store, "toy", "train", idx)  # no budget: the store, cache untouched
+    assert len(split_cache._items) == 1
+
+
+def test_a_data_set_imported_again_is_not_served_stale(
+    store: WeightStore, split_cache: SplitCache
+) -> None:
+    first, second = small(seed=0, n_train=100), small(seed=1, n_train=100)
+    idx = np.arange(100)
+    write_dataset(store, "toy", **first, source="test")
+    x, _ = read_rows(store, "toy", "train", idx, cache_bytes=1 << 20)
+    np.testing.assert_array_equal(x, first["x_train"])
+    write_dataset(store, "toy", **second, source="test")  # same name, new content
+    x, _ = read_rows(store, "toy", "train", idx, cache_bytes=1 << 20)
+    np.testing.assert_array_equal(x, second["x_train"])
+
+
+def test_the_cache_keeps_the_recently_used_within_its_budget(
+    store: WeightStore, split_cache: SplitCache
+) -> None:
+    for name, seed in (("a", 0), ("b", 1), ("c", 2)):
+        write_dataset(store, name, **small(seed=seed, n_train=100, shape=(5,)), source="test")
+    budget = 2 * 100 * (5 * 4 + 8)  # two training splits
+    idx = np.arange(3)
+    for name in ("a", "b", "a", "c"):
+        read_rows(store, name, "train", idx, cache_bytes=budget)
+    kept = sorted(key[0].rstrip("/").rsplit("/", 1)[-1] for key in split_cache._items)
+    assert kept == ["a", "c"]  # b was the least recently used
 
 
 def test_read_rows_empty_selection(store: WeightStore) -> None:

@@ -34,6 +34,7 @@ def test_defaults_are_valid_and_frozen() -> None:
         ({"merge": {"schedule": "linear"}}, "alpha_end is required"),
         ({"merge": {"schedule": "list", "alphas": [0.5, 2.0]}}, "outside [0, 1]"),
         ({"merge": {"staleness": "reject"}}, "max_staleness is required"),
+        ({"data": {"cache_mb": -1}}, "data.cache_mb: Input should be greater than or equal to 0"),
         ({"run": {"name": "bad name!"}}, "run.name"),
         ({"ledger": {"url": "postgresql+psycopg://u:s3cret@h/db"}}, "must not contain a password"),
         ({"store": {"storage_options": {"secret": "x"}}}, "must not hold credentials (secret)"),
@@ -108,3 +109,8 @@ def test_global_batch_size_is_every_workers_batch_together() -> None:
     cfg = RunConfig.model_validate({"train": {"batch_size": 30}, "cluster": {"workers": 3}})
     assert cfg.global_batch_size == 90
     assert "global_batch_size" not in cfg.model_dump()  # derived, never a setting
+
+
+def test_split_cache_default() -> None:
+    assert parse_config({}).data.cache_mb == 256
+    assert parse_config({"data": {"cache_mb": 0}}).data.cache_mb == 0
