@@ -547,7 +547,7 @@ class EpochDriver:
     def run(self) -> dict[str, Any]:
         if self.gate is not None:
             # Nothing before the previous epoch's barrier (flows/pipeline.py).
-            if self.gate.previous is not None and not self.gate.previous.is_set():
+            if self.gate.must_wait():
                 self.log.info("set up; waiting for epoch %d's last results", self.epoch - 1)
             self.gate.wait_previous()
         self.ledger.ensure_subtasks(self.ref.run, self.epoch, self.cfg.data.shards)

@@ -51,6 +51,10 @@ class EpochGate:
     """Set by this epoch's driver once it passed its barrier."""
     _tail_sent: bool = False
 
+    def must_wait(self) -> bool:
+        """True while the previous epoch has not passed its barrier."""
+        return self.previous is not None and not self.previous.is_set()
+
     def wait_previous(self) -> None:
         """Block until the previous epoch passed its barrier; raise RunStopping if the run stops."""
         while self.previous is not None and not self.previous.wait(0.1):

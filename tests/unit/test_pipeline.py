@@ -128,6 +128,16 @@ def test_a_gate_gives_up_waiting_when_the_run_stops() -> None:
         gate.wait_previous()
 
 
+def test_a_gate_must_wait_only_until_the_previous_barrier() -> None:
+    previous = threading.Event()
+    gate = EpochGate(epoch=1, previous=previous, abort=threading.Event(), on_tail=lambda: None)
+    assert gate.must_wait()
+    previous.set()
+    assert not gate.must_wait()
+    first = EpochGate(epoch=0, previous=None, abort=threading.Event(), on_tail=lambda: None)
+    assert not first.must_wait()
+
+
 def test_the_tail_is_signalled_once() -> None:
     calls: list[int] = []
     gate = EpochGate(
