@@ -65,6 +65,11 @@ POLL_SECONDS = 2.0
 # One DEBUG record per submission, its ``created`` the driver's submit time:
 # benchmarks/overhead.py listens to it to time "first dispatch" exactly.
 dispatch_log = logging.getLogger("vcdl.dispatch")
+#: Hand-backs from workers under notice that a subtask may see without their
+#: counting as attempts. Such a worker leaves Dask's pool (vcdl/preemption.py),
+#: so a subtask meets one only when it was queued there before the notice;
+#: past this many the workers are not leaving, and reissuing would spin.
+FREE_HANDBACKS = 20
 
 
 # persist_result=False: results are small dicts the driver consumes at once;
@@ -208,6 +213,7 @@ class EpochDriver:
         self.done: queue.SimpleQueue[PrefectFuture[dict[str, Any]]] = queue.SimpleQueue()
         self.submitted: dict[Key, int] = {}
         self.submitted_at: dict[Key, float] = {}
+        self.handed_back: dict[Key, int] = {}  # tasks a worker under notice returned untrained
         # When each worker last finished a task body: a task submitted while
         # its worker was busy waited in a queue, which is not dispatch overhead.
         self.worker_free_at: dict[str, float] = {}
@@ -296,7 +302,11 @@ class EpochDriver:
             return
         # Count submissions too: a task that fails before it can claim an
         # attempt (broken worker environment) must not be reissued forever.
-        tries = max(sub.attempts, self.submitted.get(key, 0))
+        # Not those a worker under notice handed back untrained: counted, four
+        # such hand-backs within one grace period failed a subtask on a spot
+        # fleet where every attempt that ran could have succeeded.
+        untrained = min(self.handed_back.get(key, 0), FREE_HANDBACKS)
+        tries = max(sub.attempts, self.submitted.get(key, 0) - untrained)
         if tries >= self.cfg.fault.max_attempts:
             assert sub.id is not None
             self.ledger.set_subtask_state(
@@ -355,6 +365,7 @@ class EpochDriver:
             self._lost(key, f"{type(exc).__name__}: {exc}")
             return
         if out["state"] == PREEMPTED:
+            self.handed_back[key] = self.handed_back.get(key, 0) + 1
             # Recorded as a worker death; reissue's WARNING is its one line in the log.
             self._lost(key, f"attempt preempted on {out['worker']} (preemption notice)")
             return

@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from prefect import flow
 
-from flows.epoch import EpochDriver, train_shard
+from flows.epoch import FREE_HANDBACKS, EpochDriver, train_shard
 from tests.logrecords import RecordingHandler
 from vcdl import preemption
 from vcdl.config import RunConfig
@@ -63,9 +64,65 @@ class _Future:
 def test_the_driver_reissues_a_preempted_attempt() -> None:
     driver = EpochDriver.__new__(EpochDriver)
     driver.tally = {"errors": 0, "killed": 0}
+    driver.handed_back = {}
     reissued: list[tuple[tuple[int, int], str]] = []
     driver._mark_running_attempts = lambda key, state, reason: 0  # type: ignore[method-assign]
     driver.reissue = lambda key, reason: reissued.append((key, reason))  # type: ignore[method-assign]
     driver._on_done(_Future(preemption.preempted_result("tcp://10.0.0.7:4000")), (2, 5))  # type: ignore[arg-type]
     assert reissued == [((2, 5), "attempt preempted on tcp://10.0.0.7:4000 (preemption notice)")]
     assert driver.tally == {"errors": 1, "killed": 0}  # as for a worker that died
+    assert driver.handed_back == {(2, 5): 1}
+
+
+def _reissuing_driver(attempts: int) -> tuple[EpochDriver, list[tuple[int, int]]]:
+    """A driver whose subtask (2, 5) has claimed ``attempts`` attempts in the ledger."""
+    driver = EpochDriver.__new__(EpochDriver)
+    driver.cfg = RunConfig()  # fault.max_attempts = 4
+    driver.tally = {"failed": 0, "reissued": 0}
+    driver.submitted, driver.handed_back = {}, {}
+    failed: list[str] = []
+    driver.ledger = SimpleNamespace(  # type: ignore[assignment]
+        set_subtask_state=lambda sid, state, reason: failed.append(reason)
+    )
+    driver._subtask = lambda key: SimpleNamespace(id=1, state="pending", attempts=attempts)  # type: ignore[method-assign]
+    driver.log = logging.getLogger("test")  # type: ignore[assignment]
+    submitted: list[tuple[int, int]] = []
+
+    def submit(key: tuple[int, int]) -> None:
+        driver.submitted[key] = driver.submitted.get(key, 0) + 1
+        submitted.append(key)
+
+    driver.submit = submit  # type: ignore[method-assign]
+    driver.failed_reasons = failed  # type: ignore[attr-defined]
+    return driver, submitted
+
+
+def test_hand_backs_from_workers_under_notice_are_not_attempts() -> None:
+    # One attempt trained and died; then five tasks met workers under notice.
+    driver, submitted = _reissuing_driver(attempts=1)
+    key = (2, 5)
+    driver.submitted[key] = 2  # the one that died, and the first handed back
+    for _ in range(5):
+        driver.handed_back[key] = driver.handed_back.get(key, 0) + 1
+        driver.reissue(key, "attempt preempted on w (preemption notice)")
+    assert len(submitted) == 5 and driver.tally == {"failed": 0, "reissued": 5}
+
+
+def test_hand_backs_count_once_they_spin() -> None:
+    """Workers that never leave the pool must not make a subtask reissue forever."""
+    driver, submitted = _reissuing_driver(attempts=0)
+    key = (2, 5)
+    driver.submitted[key] = 1
+    while driver.tally["failed"] == 0:
+        assert len(submitted) < 100, "reissued without end"
+        driver.handed_back[key] = driver.handed_back.get(key, 0) + 1
+        driver.reissue(key, "attempt preempted on w (preemption notice)")
+    assert driver.submitted[key] == FREE_HANDBACKS + RunConfig().fault.max_attempts
+    assert driver.failed_reasons[0].startswith("4 attempts")  # type: ignore[attr-defined]
+
+
+def test_attempts_that_trained_still_count() -> None:
+    driver, submitted = _reissuing_driver(attempts=4)
+    driver.submitted[(2, 5)] = 4
+    driver.reissue((2, 5), "worker died")
+    assert submitted == [] and driver.tally["failed"] == 1
