@@ -137,6 +137,10 @@ class Preemptor(threading.Thread):
         self.min_workers = min_workers
         self.records: list[ChaosRecord] = []
         self._stop_event = threading.Event()
+        # Worker processes already under notice: a cloud warns an instance
+        # once, and a second notice to one would count a notice that took
+        # nothing away.
+        self._noticed: set[int] = set()
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -189,7 +193,10 @@ class Preemptor(threading.Thread):
         if len(pids) < self.min_workers:
             self._record(ChaosRecord(now, event.kind, "-", None, "skipped: no worker"))
             return
-        worker = self.rng.choice(sorted(pids))
+        worker = self.pick(pids, event.kind)
+        if worker is None:
+            self._record(ChaosRecord(now, event.kind, "-", None, "skipped: all under notice"))
+            return
         pid = pids[worker]
         sig = signal.SIGKILL if event.kind == "kill" else signal.SIGTERM
         try:
@@ -199,9 +206,17 @@ class Preemptor(threading.Thread):
             return
         self._record(ChaosRecord(now, event.kind, worker, pid, "sent"))
         if event.kind == "notice":
+            self._noticed.add(pid)
             timer = threading.Timer(self.grace, self._finish_notice, args=(client, worker, pid))
             timer.daemon = True
             timer.start()
+
+    def pick(self, pids: Mapping[str, int], kind: EventKind) -> str | None:
+        """The worker an event hits: any for a kill, one not yet under notice for a notice."""
+        candidates = sorted(
+            w for w, pid in pids.items() if kind == "kill" or pid not in self._noticed
+        )
+        return self.rng.choice(candidates) if candidates else None
 
     def _finish_notice(self, client: Any, worker: str, pid: int) -> None:
         """The grace period is over: the instance goes away."""

@@ -1,0 +1,23 @@
+"""Whom the preemption simulator hits: a cloud warns an instance once."""
+
+from __future__ import annotations
+
+from vcdl.chaos import Preemptor
+
+
+def test_a_notice_never_hits_a_worker_already_under_notice() -> None:
+    pre = Preemptor("tcp://127.0.0.1:1", [], seed=3)
+    pids = {"tcp://a:1": 101, "tcp://b:1": 102}
+    pre._noticed.add(101)
+    assert {pre.pick(pids, "notice") for _ in range(20)} == {"tcp://b:1"}
+    # A kill may take a worker under notice (the instance goes early).
+    assert {pre.pick(pids, "kill") for _ in range(40)} == {"tcp://a:1", "tcp://b:1"}
+    pre._noticed.add(102)
+    assert pre.pick(pids, "notice") is None
+
+
+def test_a_restarted_worker_may_be_noticed_again() -> None:
+    """The nanny's new process (new pid, maybe the same address) is a new instance."""
+    pre = Preemptor("tcp://127.0.0.1:1", [], seed=3)
+    pre._noticed.add(101)
+    assert pre.pick({"tcp://a:1": 201}, "notice") == "tcp://a:1"
