@@ -253,6 +253,14 @@ class LedgerEngine:
             event.listen(engine, "begin", _sqlite_on_begin)
             return engine
         if self.backend == "postgresql":
+            try:
+                import psycopg  # noqa: F401  (SQLAlchemy would fail later, less clearly)
+            except ModuleNotFoundError:
+                raise LedgerError(
+                    f"ledger {self.display}: a PostgreSQL ledger needs psycopg 3, which is not "
+                    "installed; install vcdl with its postgres extra "
+                    "(pip install -c constraints.txt '.[postgres]') or psycopg[binary]"
+                ) from None
             connect_args: dict[str, Any] = {}
             if "connect_timeout" not in url.query:
                 connect_args["connect_timeout"] = 10

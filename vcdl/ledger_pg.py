@@ -32,9 +32,8 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
-import psycopg
 from sqlalchemy import Engine, Table
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import SQLModel
@@ -42,6 +41,11 @@ from sqlmodel import SQLModel
 from vcdl.errors import LedgerError
 from vcdl.ledger_engine import load
 from vcdl.ledger_models import UTCDateTime
+
+if TYPE_CHECKING:
+    # Imported where a PostgreSQL ledger is opened: psycopg is the optional
+    # ``postgres`` extra, and an SQLite ledger must not need it.
+    import psycopg
 
 __all__ = [
     "COMMIT_MERGE",
@@ -211,8 +215,11 @@ class PgFastPath:
     """
 
     def __init__(self, engine: Engine, error: Callable[[BaseException], LedgerError]) -> None:
+        import psycopg
+
         self._engine = engine
         self._error = error
+        self._psycopg = psycopg
 
     def fetch_one(
         self,
@@ -224,9 +231,9 @@ class PgFastPath:
         for attempt in range(_TRANSIENT_RETRIES):
             try:
                 return self._once(sql, params)
-            except psycopg.errors.IntegrityError as exc:
+            except self._psycopg.errors.IntegrityError as exc:
                 raise IntegrityError(sql, dict(params), exc) from exc
-            except psycopg.Error as exc:
+            except self._psycopg.Error as exc:
                 sqlstate = exc.sqlstate
                 if sqlstate not in _TRANSIENT_SQLSTATES:
                     raise self._error(exc) from exc
@@ -259,7 +266,7 @@ class PgFastPath:
             finally:
                 if not (conn.closed or conn.broken):
                     conn.autocommit = False
-        except psycopg.Error as exc:
+        except self._psycopg.Error as exc:
             if conn.closed or conn.broken:
                 # The server or the network hung up: drop this connection, and
                 # the rest of the pool (they are likely dead too), as
