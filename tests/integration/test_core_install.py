@@ -131,5 +131,10 @@ sys.exit(main())
         timeout=600,
         env={"PREFECT_HOME": str(tmp_path / "prefect"), "VCDL_HOME": str(home)},
     )
-    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
     assert (home / "ledger.db").is_file()
+    assert "run mnist1d: completed" in text, text[-4000:]
+    # The console shows the run, not Dask's routine (flows/cluster.py).
+    routine = [line for line in text.splitlines() if "| INFO    | distributed." in line]
+    assert routine == [], routine
