@@ -367,7 +367,7 @@ class EpochDriver:
         if out["state"] == PREEMPTED:
             self.handed_back[key] = self.handed_back.get(key, 0) + 1
             # Recorded as a worker death; reissue's WARNING is its one line in the log.
-            self._lost(key, f"attempt preempted on {out['worker']} (preemption notice)")
+            self._lost(key, f"handed back untrained by {out['worker']}, under preemption notice")
             return
         if out["state"] == "skipped":
             self.tally["skipped"] += 1

@@ -69,7 +69,9 @@ def test_the_driver_reissues_a_preempted_attempt() -> None:
     driver._mark_running_attempts = lambda key, state, reason: 0  # type: ignore[method-assign]
     driver.reissue = lambda key, reason: reissued.append((key, reason))  # type: ignore[method-assign]
     driver._on_done(_Future(preemption.preempted_result("tcp://10.0.0.7:4000")), (2, 5))  # type: ignore[arg-type]
-    assert reissued == [((2, 5), "attempt preempted on tcp://10.0.0.7:4000 (preemption notice)")]
+    assert reissued == [
+        ((2, 5), "handed back untrained by tcp://10.0.0.7:4000, under preemption notice")
+    ]
     assert driver.tally == {"errors": 1, "killed": 0}  # as for a worker that died
     assert driver.handed_back == {(2, 5): 1}
 
@@ -104,7 +106,7 @@ def test_hand_backs_from_workers_under_notice_are_not_attempts() -> None:
     driver.submitted[key] = 2  # the one that died, and the first handed back
     for _ in range(5):
         driver.handed_back[key] = driver.handed_back.get(key, 0) + 1
-        driver.reissue(key, "attempt preempted on w (preemption notice)")
+        driver.reissue(key, "handed back untrained by w, under preemption notice")
     assert len(submitted) == 5 and driver.tally == {"failed": 0, "reissued": 5}
 
 
@@ -116,7 +118,7 @@ def test_hand_backs_count_once_they_spin() -> None:
     while driver.tally["failed"] == 0:
         assert len(submitted) < 100, "reissued without end"
         driver.handed_back[key] = driver.handed_back.get(key, 0) + 1
-        driver.reissue(key, "attempt preempted on w (preemption notice)")
+        driver.reissue(key, "handed back untrained by w, under preemption notice")
     assert driver.submitted[key] == FREE_HANDBACKS + RunConfig().fault.max_attempts
     assert driver.failed_reasons[0].startswith("4 attempts")  # type: ignore[attr-defined]
 
