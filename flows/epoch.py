@@ -52,6 +52,7 @@ from vcdl.attempt import (
     training_slot,
     worker_name,
 )
+from vcdl.budget import free_attempts
 from vcdl.config import RunConfig
 from vcdl.errors import EpochFailed
 from vcdl.ledger import Subtask
@@ -300,17 +301,25 @@ class EpochDriver:
         sub = self._subtask(key)
         if sub.state in TERMINAL_SUBTASK_STATES:
             return
+        # Killed attempts that moved the subtask forward are free (vcdl/budget.py):
+        # on a spot fleet a healthy subtask is killed again and again.
+        free = free_attempts(
+            a for a in self.ledger.attempts(self.ref.run, key[0]) if a.shard == key[1]
+        )
         # Count submissions too: a task that fails before it can claim an
         # attempt (broken worker environment) must not be reissued forever.
         # Not those a worker under notice handed back untrained: counted, four
         # such hand-backs within one grace period failed a subtask on a spot
-        # fleet where every attempt that ran could have succeeded.
+        # fleet where every attempt that ran could have succeeded. A free
+        # attempt also frees the submission it came from (one at most; Dask
+        # re-runs a task on a worker's death, so one submission may have many).
         untrained = min(self.handed_back.get(key, 0), FREE_HANDBACKS)
-        tries = max(sub.attempts, self.submitted.get(key, 0) - untrained)
+        tries = max(sub.attempts - free, self.submitted.get(key, 0) - untrained - free)
         if tries >= self.cfg.fault.max_attempts:
             assert sub.id is not None
+            spared = f" ({free} more moved it forward before their workers died)" if free else ""
             self.ledger.set_subtask_state(
-                sub.id, "failed", reason=f"{tries} attempts, last: {reason}"
+                sub.id, "failed", reason=f"{tries} attempts{spared}, last: {reason}"
             )
             self.tally["failed"] += 1
             self.log.error("epoch %d shard %d failed for good: %s", key[0], key[1], reason)

@@ -231,7 +231,12 @@ class LedgerSection(_Section):
 
 class FaultSection(_Section):
     max_attempts: int = Field(
-        4, ge=1, le=100, description="Attempts per subtask before it is recorded as failed."
+        4,
+        ge=1,
+        le=100,
+        description="Attempts per subtask before it is recorded as failed. Not counted: a "
+        "killed attempt that checkpointed further than any before it, and a task a worker "
+        "under preemption notice handed back untrained (vcdl/budget.py).",
     )
     attempt_timeout: float = Field(
         900.0, gt=0, description="Seconds after which a running attempt is presumed dead."

@@ -76,17 +76,27 @@ def test_the_driver_reissues_a_preempted_attempt() -> None:
     assert driver.handed_back == {(2, 5): 1}
 
 
-def _reissuing_driver(attempts: int) -> tuple[EpochDriver, list[tuple[int, int]]]:
-    """A driver whose subtask (2, 5) has claimed ``attempts`` attempts in the ledger."""
+def _reissuing_driver(
+    attempts: int, rows: list[SimpleNamespace] | None = None
+) -> tuple[EpochDriver, list[tuple[int, int]]]:
+    """A driver whose subtask (2, 5) has claimed ``attempts`` attempts in the ledger.
+
+    ``rows``: those attempts as the ledger lists them (none killed if not given).
+    """
     driver = EpochDriver.__new__(EpochDriver)
     driver.cfg = RunConfig()  # fault.max_attempts = 4
+    driver.ref = SimpleNamespace(run="r")  # type: ignore[assignment]
     driver.tally = {"failed": 0, "reissued": 0}
     driver.submitted, driver.handed_back = {}, {}
     failed: list[str] = []
+    listed = rows or []
     driver.ledger = SimpleNamespace(  # type: ignore[assignment]
-        set_subtask_state=lambda sid, state, reason: failed.append(reason)
+        set_subtask_state=lambda sid, state, reason: failed.append(reason),
+        attempts=lambda run, epoch: list(listed),
     )
-    driver._subtask = lambda key: SimpleNamespace(id=1, state="pending", attempts=attempts)  # type: ignore[method-assign]
+    driver._subtask = lambda key: SimpleNamespace(  # type: ignore[method-assign]
+        id=1, state="pending", attempts=len(listed) or attempts
+    )
     driver.log = logging.getLogger("test")  # type: ignore[assignment]
     submitted: list[tuple[int, int]] = []
 
@@ -128,3 +138,29 @@ def test_attempts_that_trained_still_count() -> None:
     driver.submitted[(2, 5)] = 4
     driver.reissue((2, 5), "worker died")
     assert submitted == [] and driver.tally["failed"] == 1
+
+
+def _killed(number: int, samples: int | None) -> SimpleNamespace:
+    return SimpleNamespace(number=number, shard=5, state="killed", samples=samples)
+
+
+def test_kills_that_moved_the_subtask_forward_do_not_fail_it() -> None:
+    # Six kills, each after checkpointing further: a healthy subtask on a busy fleet.
+    rows = [_killed(i + 1, 100 * (i + 1)) for i in range(6)]
+    driver, submitted = _reissuing_driver(0, rows)
+    driver.submitted[(2, 5)] = 2
+    driver.reissue((2, 5), "KilledWorker: the workers running it died")
+    assert submitted == [(2, 5)] and driver.tally["failed"] == 0
+
+
+def test_kills_at_the_same_point_fail_it_and_say_so() -> None:
+    # One kill moved it forward; four more died at the same checkpoint.
+    rows = [_killed(1, 100), *(_killed(i, 100) for i in range(2, 6))]
+    driver, submitted = _reissuing_driver(0, rows)
+    driver.submitted[(2, 5)] = 2
+    driver.reissue((2, 5), "KilledWorker: the workers running it died")
+    assert submitted == [] and driver.tally["failed"] == 1
+    assert driver.failed_reasons == [  # type: ignore[attr-defined]
+        "4 attempts (1 more moved it forward before their workers died), "
+        "last: KilledWorker: the workers running it died"
+    ]
