@@ -55,7 +55,7 @@ from vcdl.attempt import (
 from vcdl.budget import free_attempts
 from vcdl.config import RunConfig
 from vcdl.errors import EpochFailed
-from vcdl.ledger import Subtask
+from vcdl.ledger import Attempt, Subtask
 from vcdl.preemption import PREEMPTED, notice_received, preempted_result
 from vcdl.runs import evaluate_version
 from vcdl.runtime import RunRef
@@ -232,10 +232,14 @@ class EpochDriver:
     def _subtask(self, key: Key) -> Subtask:
         return next(s for s in self.ledger.subtasks(self.ref.run, key[0]) if s.shard == key[1])
 
+    def _attempts(self, key: Key) -> list[Attempt]:
+        """The subtask's attempts, as the ledger has them now."""
+        return [a for a in self.ledger.attempts(self.ref.run, key[0]) if a.shard == key[1]]
+
     def _mark_running_attempts(self, key: Key, state: str, reason: str) -> int:
         n = 0
-        for a in self.ledger.attempts(self.ref.run, key[0]):
-            if a.shard == key[1] and a.state == "running":
+        for a in self._attempts(key):
+            if a.state == "running":
                 # A killed attempt ended when its worker died, not when the
                 # driver found out (often after the re-run): bill it that long.
                 ended = worker_left_at(a.worker, a.started_at) if state == "killed" else None
@@ -303,9 +307,7 @@ class EpochDriver:
             return
         # Killed attempts that moved the subtask forward are free (vcdl/budget.py):
         # on a spot fleet a healthy subtask is killed again and again.
-        free = free_attempts(
-            a for a in self.ledger.attempts(self.ref.run, key[0]) if a.shard == key[1]
-        )
+        free = free_attempts(self._attempts(key))
         # Count submissions too: a task that fails before it can claim an
         # attempt (broken worker environment) must not be reissued forever.
         # Not those a worker under notice handed back untrained: counted, four
@@ -427,8 +429,8 @@ class EpochDriver:
         for fut, key in list(self.pending.items()):
             late = [
                 a
-                for a in self.ledger.attempts(self.ref.run, key[0])
-                if a.shard == key[1] and a.state == "running" and a.deadline and a.deadline < now
+                for a in self._attempts(key)
+                if a.state == "running" and a.deadline and a.deadline < now
             ]
             if not late:
                 continue
