@@ -298,7 +298,8 @@ def _vcdl_scheduler() -> Iterator[Callable[[], Any]]:
             if address is None:
                 raise RuntimeError("no vcdl cluster up")
             if held is None:
-                held = Client(address, timeout=30)
+                # Not the default client: vcdl's driver must not lean on it.
+                held = Client(address, timeout=30, set_as_default=False)
             return held
 
     ft.dask_cluster = cluster

@@ -229,20 +229,32 @@ class WarmupPlugin(WorkerPlugin):
         await asyncio.get_running_loop().run_in_executor(None, warm_up)
 
 
-def worker_left_at(worker: str, after: datetime) -> datetime | None:
+def run_dask_client() -> PrefectDaskClient | None:
+    """The Dask client the current flow run submits through (vcdl's shared one), or None."""
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    runner = ctx.task_runner if ctx is not None else None
+    return runner.client if isinstance(runner, SharedClientRunner) else None
+
+
+def worker_left_at(worker: str, after: datetime, client: Any = None) -> datetime | None:
     """When the Dask scheduler removed ``worker`` (the first time after ``after``), if it did.
 
     The driver learns that an attempt's worker died only when Dask hands the
     task to someone else or gives up, often one whole attempt later; the
     scheduler logged the removal when the nanny saw the process die (or the
     heartbeats stopped). That moment is when the attempt really ended, and
-    what the cost report bills it to. None when there is no Dask client in
-    this process, or the worker was not removed.
+    what the cost report bills it to. Asks ``client`` (the run's, see
+    :func:`run_dask_client`: vcdl's is not Dask's default client), else the
+    default client; None when there is none, or the worker was not removed.
     """
     try:
-        from distributed import default_client
+        if client is None:
+            from distributed import default_client
 
-        events = default_client().get_events(worker)
+            client = default_client()
+        events = client.get_events(worker)
     except Exception:  # no client (tests, a driver outside Dask), scheduler gone
         return None
     for stamp, msg in events:

@@ -39,7 +39,7 @@ from prefect.client.schemas.objects import State
 from prefect.futures import PrefectFuture
 from prefect.states import Cancelled
 
-from flows.cluster import training_slots, worker_left_at
+from flows.cluster import run_dask_client, training_slots, worker_left_at
 from flows.pipeline import RunStopping, current_gate
 from flows.reporting import ProgressUpdater, publish_epoch_table
 from vcdl.assimilator import MERGEABLE_ATTEMPT_STATES, merge_attempt, run_head_cache
@@ -226,6 +226,8 @@ class EpochDriver:
         # Set when run by flows/pipeline.py: wait for the previous epoch's
         # barrier before acting, say when only the last results are left.
         self.gate = current_gate()
+        # To ask the scheduler when a killed attempt's worker died (for its bill).
+        self.dask_client = run_dask_client()
 
     # -- bookkeeping ---------------------------------------------------------
 
@@ -242,7 +244,11 @@ class EpochDriver:
             if a.state == "running":
                 # A killed attempt ended when its worker died, not when the
                 # driver found out (often after the re-run): bill it that long.
-                ended = worker_left_at(a.worker, a.started_at) if state == "killed" else None
+                ended = (
+                    worker_left_at(a.worker, a.started_at, self.dask_client)
+                    if state == "killed"
+                    else None
+                )
                 self.ledger.finish_attempt(a.id, state=state, reason=reason, ended_at=ended)
                 n += 1
         return n

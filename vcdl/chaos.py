@@ -170,7 +170,9 @@ class Preemptor(threading.Thread):
         # the thread ends: stop() and a join() close it before the caller
         # closes the cluster (a client left open reconnects to the closed
         # scheduler and logs tracebacks after a successful run).
-        with Client(self.address, timeout=30) as client:
+        # Not Dask's default client: the run's driver must find what it needs
+        # through its own (flows/cluster.py), as it does without a simulator.
+        with Client(self.address, timeout=30, set_as_default=False) as client:
             for event in self.events:
                 delay = event.at - (time.monotonic() - start)
                 if delay > 0 and self._stop_event.wait(delay):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -137,3 +138,22 @@ def test_a_worker_builds_prefects_settings_once_from_the_flows_and_its_own_env()
     assert len({s["client"] for s in seen}) == 1, seen
     # The shared client still reports every task run to the API.
     assert _task_run_states([run1, run2], 5) == ["COMPLETED"] * 5
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_the_epoch_driver_asks_the_runs_client(tmp_path: Path) -> None:
+    """Its client is how the driver learns when a killed attempt's worker died."""
+    from flows.cluster import run_dask_client
+    from flows.epoch import EpochDriver
+    from tests.integration.test_failure_modes import make_run
+
+    ref, cfg = make_run(tmp_path)
+    assert run_dask_client() is None  # outside a flow run
+
+    with local_cluster(1) as (cluster, _), shared_task_runner(cluster.scheduler_address) as runner:
+
+        @flow
+        def drive() -> bool:
+            return EpochDriver(ref, cfg, 0, final=True).dask_client is runner.client
+
+        assert drive.with_options(task_runner=runner)()  # type: ignore[arg-type]
