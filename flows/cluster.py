@@ -30,6 +30,7 @@ from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 from typing import Any
 
+from distributed import Client
 from distributed.diagnostics.plugin import WorkerPlugin
 from prefect_dask import DaskTaskRunner
 from prefect_dask.client import PrefectDaskClient
@@ -238,7 +239,7 @@ def run_dask_client() -> PrefectDaskClient | None:
     return runner.client if isinstance(runner, SharedClientRunner) else None
 
 
-def worker_left_at(worker: str, after: datetime, client: Any = None) -> datetime | None:
+def worker_left_at(worker: str, after: datetime, client: Client | None = None) -> datetime | None:
     """When the Dask scheduler removed ``worker`` (the first time after ``after``), if it did.
 
     The driver learns that an attempt's worker died only when Dask hands the
@@ -270,8 +271,6 @@ def register_worker_plugins(address: str) -> None:
 
     Returns once every current worker has run their setup (the warm-up included).
     """
-    from distributed import Client
-
     from vcdl.preemption import PreemptionPlugin
 
     with Client(address, timeout=60) as client:
