@@ -1,7 +1,7 @@
 """Training throughput in Dask workers, with and without vcdl's allocator settings.
 
 Dask's nanny starts workers with ``MALLOC_TRIM_THRESHOLD_=65536``, which
-puts every allocation above 128 KiB on glibc's mmap path (vcdl/allocator.py).
+puts every allocation above 128 KiB on glibc's mmap path (vcdl/worker/allocator.py).
 This measures what that costs a PyTorch training loop and what vcdl's
 warm-up gets back, side by side in one run: MNIST-1D-shaped batches (100 ×
 40), ``cnn1d`` width 256, Adam, one torch thread per trainer, two trainers
@@ -12,7 +12,7 @@ at once (as two workers train on this 2-core machine):
 * two plain processes with vcdl's thresholds (as glibc environment variables);
 * two workers of a plain ``distributed.LocalCluster`` (Dask's defaults);
 * two workers of vcdl's cluster (``flows.cluster.dask_cluster``: forkserver
-  workers, the warm-up plugin that calls ``vcdl.allocator.tune_allocator``).
+  workers, the warm-up plugin that calls ``vcdl.worker.allocator.tune_allocator``).
 
 Rounds alternate the contenders; figures are medians over ``--repeats``
 rounds of the per-trainer samples/s, and the minor page faults per training
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vcdl.allocator import TUNED_ENV
+from vcdl.worker.allocator import TUNED_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 DASK_ENV = {"MALLOC_TRIM_THRESHOLD_": "65536"}

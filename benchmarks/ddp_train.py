@@ -7,7 +7,7 @@ Launched by ``torchrun`` (gloo, CPU), e.g.::
         benchmarks/ddp_train.py --config run.json --data mnist1d.npz --out DIR --checkpoint
 
 Trains the run config's model (``vcdl.models`` factory, seeded as vcdl seeds
-it) with the config's optimizer (``vcdl.train.make_optimizer``) on the cached
+it) with the config's optimizer (``vcdl.worker.loop.make_optimizer``) on the cached
 MNIST-1D arrays, a ``DistributedSampler`` per epoch. The global batch is
 ``--batch`` (default: the config's batch size) split over the ranks, so one
 optimizer step sees as many samples as in the other contenders.
@@ -49,7 +49,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from vcdl.config import RunConfig
 from vcdl.models import build_model
-from vcdl.train import make_optimizer
+from vcdl.worker.loop import make_optimizer
 
 
 def _event(log: Path, **fields: Any) -> None:
@@ -111,7 +111,7 @@ def main() -> None:
         x = torch.from_numpy(npz["x_train"])
         y = torch.from_numpy(npz["y_train"])
 
-    torch.manual_seed(cfg.run.seed)  # as vcdl.runs.new_model: same initial weights
+    torch.manual_seed(cfg.run.seed)  # as vcdl.driver.runs.new_model: same initial weights
     model = build_model(
         cfg.model.factory, cfg.model.kwargs, input_shape=tuple(x.shape[1:]), num_classes=10
     )

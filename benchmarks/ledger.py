@@ -45,7 +45,7 @@ PostgreSQL: ``--pg-url`` (default ``postgresql+psycopg://postgres@127.0.0.1:5432
 or ``$VCDL_BENCH_PG_URL``; ledger pool parameters may go in its query); each
 repetition uses a fresh schema, dropped afterwards. ``--pg-async-commit``
 sets ``synchronous_commit=off`` for the writers' sessions (the ledger's
-documented opt-in, :mod:`vcdl.ledger_engine`): a server crash may then lose
+documented opt-in, :mod:`vcdl.ledger.engine`): a server crash may then lose
 the last fraction of a second of acknowledged merges, so its figures are
 labelled ``async-commit`` and never count for the target.
 
@@ -91,7 +91,7 @@ def _share(index: int, writers: int, runs: int, merges: int) -> tuple[str, range
 
 
 def _count_psycopg_statements(count: Any) -> None:
-    """Also count statements run on psycopg directly (vcdl.ledger_pg's fast path).
+    """Also count statements run on psycopg directly (vcdl.ledger.pg's fast path).
 
     SQLAlchemy executes through cursors, this counts Connection.execute, so
     no statement is counted twice.

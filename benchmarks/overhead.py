@@ -18,7 +18,7 @@ overhead.
 - **plain dask**: a LocalCluster (2 workers, 1 thread each, torch imported
   and the C allocator tuned as in vcdl's workers before the first
   submission), the same shards as ``client.submit`` of a
-  function that trains from the weights it is given (``vcdl.train.train_attempt``)
+  function that trains from the weights it is given (``vcdl.worker.loop.train_attempt``)
   and returns the weights, one task in flight per worker, merged in the client
   with the same α rule, the same epoch barrier and evaluation; no Prefect, no
   ledger, no Zarr (the data set is scattered to the workers beforehand).
@@ -41,7 +41,7 @@ checkpoints every ``--checkpoint-seconds`` (default 1 s) of an attempt's
 training, and the replacement of a killed attempt resumes from its last
 checkpoint. Only training that reached a merged version counts: merged
 attempts' and the checkpointed part of killed ones that a merged attempt
-resumed (:func:`vcdl.cost.salvaged_attempts`); work lost to kills lowers
+resumed (:func:`vcdl.views.cost.salvaged_attempts`); work lost to kills lowers
 utilization. The worker-time split is approximate then (a restarted worker
 has a new address).
 """
@@ -69,7 +69,7 @@ import torch.nn.functional as F
 
 from vcdl.config import RunConfig, load_config
 from vcdl.data import open_dataset, read_rows, shard_plan
-from vcdl.runs import ensure_dataset, new_model
+from vcdl.driver.runs import ensure_dataset, new_model
 from vcdl.runtime import open_store
 from vcdl.types import StateDict
 
@@ -249,9 +249,9 @@ def idle_split(
 def run_vcdl(cfg: RunConfig, home: Path, kill_every: float | None = None) -> dict[str, Any]:
     """Train ``cfg`` with vcdl; utilization and breakdown from the ledger."""
     from vcdl import api
-    from vcdl.cost import salvaged_attempts, salvaged_seconds, useful_training_seconds
     from vcdl.ledger import attempt_timings
     from vcdl.runtime import open_ledger
+    from vcdl.views.goodput import salvaged_attempts, salvaged_seconds, useful_training_seconds
 
     assert cfg.ledger.url is not None and cfg.run.name is not None
     start = time.time()
@@ -312,13 +312,13 @@ def run_vcdl(cfg: RunConfig, home: Path, kill_every: float | None = None) -> dic
 def _warm() -> None:
     """Import what a task needs, before the first submission (a warm fleet, as vcdl's).
 
-    The C allocator is tuned as vcdl's warm-up tunes it (vcdl/allocator.py):
+    The C allocator is tuned as vcdl's warm-up tunes it (vcdl/worker/allocator.py):
     with Dask's default environment the same shard trains ~1.7x slower, and
     this contender is here to show the orchestration's cost, not that one.
     """
     import vcdl.models
-    import vcdl.train  # noqa: F401
-    from vcdl.allocator import tune_allocator
+    import vcdl.worker.loop  # noqa: F401
+    from vcdl.worker.allocator import tune_allocator
 
     tune_allocator()
 
@@ -336,12 +336,12 @@ def dask_attempt(
     from distributed import get_worker
 
     from vcdl.models import cnn1d
-    from vcdl.train import train_attempt
+    from vcdl.worker.loop import train_attempt
 
     started = time.time()
     torch.set_num_threads(1)
     model = cnn1d(input_shape=(x.shape[1],), num_classes=10, width=width)
-    result = train_attempt(model, base, x[rows], y[rows], train_cfg, seed=seed)
+    result = train_attempt(model, base, {"x": x[rows], "y": y[rows]}, train_cfg, seed=seed)
     return {
         "state": result.state,
         "train_seconds": result.train_seconds,
@@ -355,10 +355,11 @@ def run_dask(cfg: RunConfig, width: int) -> dict[str, Any]:
     """The same attempts through plain ``client.submit``; weights travel through Dask."""
     from distributed import Client, LocalCluster, as_completed
 
-    from vcdl.assimilator import merge_alpha
-    from vcdl.attempt import attempt_seed
     from vcdl.merge import vc_asgd
-    from vcdl.train import evaluate, snapshot
+    from vcdl.merge.rules import merge_rule
+    from vcdl.objectives import Classification
+    from vcdl.worker.attempt import attempt_seed
+    from vcdl.worker.loop import evaluate, snapshot
 
     store = open_store(str(cfg.store.url))
     info = open_dataset(store, cfg.data.name)
@@ -405,7 +406,9 @@ def run_dask(cfg: RunConfig, width: int) -> dict[str, Any]:
                     ac.add(fut)
                 fut = next(ac)
                 out = fut.result()
-                alpha = merge_alpha(cfg, epoch, version - base.pop(fut.key), merged_in_epoch)
+                alpha = merge_rule(cfg.merge).alpha(
+                    epoch, cfg.run.epochs, version - base.pop(fut.key), merged_in_epoch
+                )
                 assert alpha is not None
                 head = vc_asgd(head, out["state"], alpha)
                 version += 1
@@ -414,7 +417,9 @@ def run_dask(cfg: RunConfig, width: int) -> dict[str, Any]:
                 train_s += out["train_seconds"]
                 bodies[out["worker"]].append((out["started"], out["ended"], epoch))
             if epoch < cfg.run.epochs - 1:  # the final evaluation is outside the wall
-                evaluate(model, head, xt, yt, cfg.data.eval_batch_size)
+                evaluate(
+                    model, head, {"x": xt, "y": yt}, Classification(), cfg.data.eval_batch_size
+                )
     wall = last - first
     return {
         "utilization": train_s / (workers * wall),
@@ -431,7 +436,8 @@ def run_dask(cfg: RunConfig, width: int) -> dict[str, Any]:
 
 def run_torch(cfg: RunConfig) -> dict[str, Any]:
     """The same samples in one process and thread, one optimizer."""
-    from vcdl.train import evaluate, make_optimizer, snapshot
+    from vcdl.objectives import Classification
+    from vcdl.worker.loop import evaluate, make_optimizer, snapshot
 
     store = open_store(str(cfg.store.url))
     info = open_dataset(store, cfg.data.name)
@@ -459,7 +465,13 @@ def run_torch(cfg: RunConfig) -> dict[str, Any]:
                     opt.step()
             train_s += time.perf_counter() - t
         if epoch < cfg.run.epochs - 1:
-            evaluate(model, snapshot(model), xt, yt, cfg.data.eval_batch_size)
+            evaluate(
+                model,
+                snapshot(model),
+                {"x": xt, "y": yt},
+                Classification(),
+                cfg.data.eval_batch_size,
+            )
     wall = time.perf_counter() - first
     return {"utilization": train_s / wall, "wall": wall, "train_seconds": train_s}
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One benchmark round as the README's Results report it: every script in
+# One benchmark round as docs/results.md reports it: every script in
 # sequence, one at a time (nothing else should run on the machine), each
 # script's output in LOGDIR/NAME.log and start/end times in LOGDIR/times.log.
 #   benchmarks/round.sh [LOGDIR]        # default bench-logs/; ~65 min here
@@ -24,16 +24,14 @@ run overhead_kills benchmarks/overhead.py --repeats 3 --kill-every 15 --epochs 4
 run task_engine benchmarks/task_engine.py
 run weights_io benchmarks/weights_io.py
 run ledger benchmarks/ledger.py
-# DESIGN.md's plain VC-ASGD (alpha 0.3), and the example's delta rule with a
-# constant alpha, each beside the example's config as shipped.
+# Plain VC-ASGD (alpha 0.3, docs/design.md §1) and the example's delta rule
+# with a constant alpha, each beside the example's config as shipped.
 vcasgd=merge.rule=vc_asgd,merge.schedule=constant,merge.staleness=plain,merge.staleness_grace=0
 constant=merge.schedule=constant
 run tta_a benchmarks/time_to_accuracy.py --parts a --repeats 3 \
   --vcdl-also "$vcasgd" --vcdl-also "$constant"
-run vc_vs_seq benchmarks/vc_vs_sequential.py --repeats 3
-run vc_vs_seq_vcasgd benchmarks/vc_vs_sequential.py --repeats 3 \
-  --set merge.rule=vc_asgd --set merge.schedule=constant \
-  --set merge.staleness=plain --set merge.staleness_grace=0
+run rules_mnist1d benchmarks/rules.py --workloads mnist1d
+run rules_tinylm benchmarks/rules.py --workloads tinylm --epochs 6
 run tta_b benchmarks/time_to_accuracy.py --parts b --repeats-b 3 \
   --vcdl-also "$vcasgd" --vcdl-also "$constant"
 # Part (a) again, 7 runs: 3 runs' medians cannot tell a 10 % difference from

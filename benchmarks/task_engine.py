@@ -5,7 +5,7 @@ runs the engine on the worker hydrates the flow's context. With prefect-dask's
 own client that rebuilt Prefect's ``Settings`` from a dict and opened two new
 API clients (each loading the CA bundle) at every task: ~0.27 s per task here,
 paid at every epoch barrier while the workers idle. vcdl's client
-(``flows/task_context.py``) builds both once per worker.
+(``flows/workarounds/task_settings.py``) builds both once per worker.
 
 One LocalCluster worker (one thread, the flow's Prefect API in its
 environment, as vcdl starts them), tasks whose body returns at once, submitted
@@ -43,8 +43,9 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect_dask.client import PrefectDaskClient
 
-from flows.cluster import prefect_api_url, shared_task_runner
-from flows.task_context import VcdlDaskClient
+from flows.cluster import prefect_api_url
+from flows.workarounds.shared_runner import shared_task_runner
+from flows.workarounds.task_settings import VcdlDaskClient
 
 CLIENTS: dict[str, type[PrefectDaskClient]] = {
     "prefect-dask's PrefectDaskClient": PrefectDaskClient,

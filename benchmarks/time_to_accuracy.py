@@ -24,7 +24,7 @@ Method (the same for every contender):
   Every training process of a 2-process contender steps on 50 samples.
 * Time zero = the first hand-out of training work after every process is up:
   vcdl, the driver's first shard submission (marked in the driver by
-  wrapping ``flows.epoch.EpochDriver.submit``; vcdl runs on the LocalCluster
+  wrapping ``flows.epoch.EpochExecutor.submit``; vcdl runs on the LocalCluster
   it starts for every run, as a user gets it, whose workers have imported
   torch/vcdl/prefect before it, as DDP's ranks have); one
   process and DDP, rank 0's first training step (after import, process-group
@@ -49,9 +49,9 @@ Method (the same for every contender):
   a merged attempt resumed (vcdl checkpoints every
   ``checkpoint_seconds_b`` of training in part b). Training lost to a kill
   after the last checkpoint does not count.
-* Savings: ``vcdl.cost.cost_report`` on the part (b) vcdl run.
+* Savings: ``vcdl.views.cost.cost_report`` on the part (b) vcdl run.
 * Allocator: vcdl's workers set glibc's mmap and trim thresholds
-  (vcdl/allocator.py); one process and DDP run with glibc's defaults, as a
+  (vcdl/worker/allocator.py); one process and DDP run with glibc's defaults, as a
   plain script gets them. Part (a) also runs DDP with vcdl's thresholds
   (``ddp_tuned``, as glibc's environment variables) to show what that
   difference is worth.
@@ -94,7 +94,7 @@ from benchmarks.tta_common import (
     time_to,
 )
 from benchmarks.tta_contenders import run_ddp, run_one_process, run_vcdl
-from vcdl.allocator import TUNED_ENV
+from vcdl.worker.allocator import TUNED_ENV
 
 __all__ = ["QUICK", "Settings", "contenders", "run_benchmark", "summary_line"]
 

@@ -21,7 +21,8 @@ import torch
 from vcdl.chaos import ChaosEvent, chaos_schedule
 from vcdl.config import RunConfig, load_config
 from vcdl.models import build_model
-from vcdl.train import evaluate
+from vcdl.objectives import Classification
+from vcdl.worker.loop import evaluate
 
 REPO = Path(__file__).resolve().parent.parent
 Curve = list[tuple[float, float]]  # (seconds after time zero, test accuracy)
@@ -58,7 +59,7 @@ class Settings:
     # as often as vcdl makes versions, so their time-to is never the coarser.
     snapshots: int = 8
     # Part (a) also runs DDP with vcdl's allocator thresholds (``ddp_tuned``):
-    # vcdl's workers get them, a plain torchrun does not (vcdl/allocator.py).
+    # vcdl's workers get them, a plain torchrun does not (vcdl/worker/allocator.py).
     tuned_ddp: bool = True
     config: str = str(REPO / "examples" / "mnist1d.toml")
     cache_dir: str = str(Path(tempfile.gettempdir()) / "vcdl-tta-cache")
@@ -131,7 +132,7 @@ def run_config(
 
 
 def seeded_model(cfg: RunConfig) -> torch.nn.Module:
-    torch.manual_seed(cfg.run.seed)  # as vcdl.runs.new_model
+    torch.manual_seed(cfg.run.seed)  # as vcdl.driver.runs.new_model
     return build_model(cfg.model.factory, cfg.model.kwargs, input_shape=(40,), num_classes=10)
 
 
@@ -148,7 +149,9 @@ def accuracies(
     model = seeded_model(cfg)
     out = []
     for t, load in states:
-        acc, _ = evaluate(model, dict(load()), xt, yt, cfg.data.eval_batch_size)
+        acc = evaluate(
+            model, dict(load()), {"x": xt, "y": yt}, Classification(), cfg.data.eval_batch_size
+        )["accuracy"]
         out.append((round(t, 2), acc))
     return out
 

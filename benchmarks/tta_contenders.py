@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from benchmarks.tta_common import accuracies, seeded_model, snapshot
 from vcdl.chaos import ChaosEvent, ScheduledKiller, dask_worker_pids
 from vcdl.config import RunConfig
-from vcdl.train import make_optimizer
+from vcdl.worker.loop import make_optimizer
 
 DDP_SCRIPT = Path(__file__).resolve().parent / "ddp_train.py"
 
@@ -145,7 +145,7 @@ def run_ddp(
 
     ``env_extra`` is added to the agent's (and so the ranks') environment,
     e.g. glibc's thresholds as vcdl's workers set them
-    (``vcdl.allocator.TUNED_ENV``).
+    (``vcdl.worker.allocator.TUNED_ENV``).
     """
     out.mkdir(parents=True, exist_ok=True)
     config = out / "run.json"
@@ -233,22 +233,22 @@ def run_ddp(
 @contextlib.contextmanager
 def _first_submit_mark(on_first: Callable[[float], None]) -> Iterator[list[float]]:
     """Mark the driver's first shard submission, without changing flows/."""
-    from flows.epoch import EpochDriver
+    from flows.epoch import EpochExecutor
 
-    original = EpochDriver.submit
+    original = EpochExecutor.submit
     marks: list[float] = []
 
-    def submit(self: EpochDriver, key: tuple[int, int]) -> None:
+    def submit(self: EpochExecutor, key: tuple[int, int], number: int) -> None:
         if not marks:
             marks.append(time.time())
             on_first(marks[0])
-        original(self, key)
+        original(self, key, number)
 
-    EpochDriver.submit = submit  # type: ignore[method-assign]
+    EpochExecutor.submit = submit  # type: ignore[method-assign]
     try:
         yield marks
     finally:
-        EpochDriver.submit = original  # type: ignore[method-assign]
+        EpochExecutor.submit = original  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
@@ -315,15 +315,11 @@ def run_vcdl(
 ) -> dict[str, Any]:
     """A vcdl run on its own LocalCluster; with ``events``, its worker processes are SIGKILLed."""
     from vcdl import api
-    from vcdl.cost import (
-        cost_report,
-        salvaged_attempts,
-        salvaged_seconds,
-        useful_training_seconds,
-    )
     from vcdl.data import import_npz
-    from vcdl.runs import load_version
+    from vcdl.driver.runs import load_version
     from vcdl.runtime import RunRef, open_store
+    from vcdl.views.cost import cost_report
+    from vcdl.views.goodput import salvaged_attempts, salvaged_seconds, useful_training_seconds
 
     cfg = cfg.with_locations(home)
     assert cfg.store.url is not None

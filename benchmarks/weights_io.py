@@ -11,13 +11,15 @@ torchvision needed), measures:
   moto server started in this process; torch.save/load go through
   ``s3fs.open``). The contenders alternate round by round, so both see the
   same load from other processes.
-* the merge as the assimilator does it, per result: ``HeadCache.merge``
+* the merge kernel, per result: ``HeadCache.merge``
   (``validated_vc_asgd``: the result's checks -- structure, NaN/Inf; no norm
   bound, the config default -- fused with a ``torch.lerp`` blend written into
-  the recycled buffers of the version before the head), which is exactly what
-  ``merge_attempt`` times as its ``merge`` phase, plus the ``HeadCache.put``
-  that follows the commit; in steady state (after two untimed merges the
-  spare buffers exist). Baselines: an in-memory alpha-blend of one flat float32
+  the recycled buffers of the version before the head), which the
+  assimilator's streamed merge applies batch by batch, plus the
+  ``HeadCache.put`` that follows the commit; in steady state (after two
+  untimed merges the spare buffers exist). The whole pipeline (read,
+  merge and write, overlapped) is ``benchmarks/big_merge.py``'s.
+  Baselines: an in-memory alpha-blend of one flat float32
   tensor with as many elements, ``mul`` then in-place ``add_`` into a fresh
   output (a 98 MiB allocation page-faults) and into a preallocated one, and
   ``torch.lerp`` into a preallocated output; the target is judged against the
@@ -60,8 +62,10 @@ from typing import Any
 
 import torch
 
-from vcdl.assimilator import HeadCache
+from vcdl.config import MergeSection
+from vcdl.driver.head_cache import HeadCache
 from vcdl.merge import validate_result, vc_asgd
+from vcdl.merge.rules import merge_rule
 from vcdl.store import WeightStore
 from vcdl.types import StateDict
 
@@ -297,9 +301,10 @@ def bench_merge(state: StateDict, n: int) -> dict[str, float]:
             # plus the cache bookkeeping it does after the ledger commit.
             head = cache.state
             assert head is not None and cache.number is not None
-            new = cache.merge(head, result, alpha, bound)
+            rule = merge_rule(MergeSection(rule="vc_asgd", max_update_norm=bound))
+            new = cache.merge(rule, head, result, alpha)
             assert not isinstance(new, str), new
-            cache.put(cache.number + 1, new, owned=True)
+            cache.put(cache.number + 1, new.weights, owned=True)
 
         def before() -> None:
             # The assimilator's merge phase before this change.

@@ -12,10 +12,13 @@ from prefect import flow, get_run_logger
 from pydantic import Field
 
 from flows.reporting import publish_table
-from vcdl.api import run_ref
-from vcdl.artifacts import artifact_key
 from vcdl.config import resolve_home
-from vcdl.runs import evaluate_version
+from vcdl.driver.runs import evaluate_version
+from vcdl.ledger import evaluation_metrics
+from vcdl.objectives import objective_for
+from vcdl.runtime import run_ref
+from vcdl.views.artifacts import artifact_key
+from vcdl.views.epochs import format_metrics
 
 
 @flow(name="vcdl-evaluate", persist_result=True)
@@ -27,7 +30,7 @@ def evaluate(
     home: Annotated[str | None, Field(description="vcdl home (default $VCDL_HOME)")] = None,
     ledger_url: Annotated[str | None, Field(description="Ledger URL; empty = under home.")] = None,
 ) -> dict[str, Any]:
-    """Evaluate a version (default: the head) of ``run``; returns accuracy, loss, samples."""
+    """Evaluate a version (default: the head) of ``run``; returns its metrics and samples."""
     ref = run_ref(run, resolve_home(home), ledger_url)
     cfg = ref.config()
     ev = evaluate_version(ref, cfg, version, split=split, dataset=data)
@@ -38,10 +41,16 @@ def evaluate(
         "split": split,
         "accuracy": ev.accuracy,
         "loss": ev.loss,
+        **{k: v for k, v in evaluation_metrics(ev).items() if k not in ("accuracy", "loss")},
         "samples": ev.samples,
     }
     get_run_logger().info(
-        "%s v%d on %s:%s: accuracy %.4f", run, ev.version, out["data"], split, ev.accuracy
+        "%s v%d on %s:%s: %s",
+        run,
+        ev.version,
+        out["data"],
+        split,
+        format_metrics(evaluation_metrics(ev), objective_for(cfg.train).headline),
     )
     publish_table(
         artifact_key("vcdl", run, "eval", f"v{ev.version}"), [out], f"vcdl evaluate {run}"

@@ -1,6 +1,6 @@
 """Publishing what a run shows in Prefect: artifacts and events.
 
-The content comes from :mod:`vcdl.artifacts` (plain data, tested without a
+The content comes from :mod:`vcdl.views.artifacts` (plain data, tested without a
 server); this module only hands it to Prefect. Artifact keys, for run ``R``
 (lowercased, other characters turned into dashes):
 
@@ -25,7 +25,10 @@ import time
 from typing import Any
 from uuid import UUID
 
-from vcdl.artifacts import (
+from vcdl.ledger import utcnow
+from vcdl.runtime import RunRef
+from vcdl.states import TERMINAL_SUBTASK_STATES
+from vcdl.views.artifacts import (
     FINGERPRINT_ATTR,
     PLOT_PATH,
     artifact_key,
@@ -35,10 +38,8 @@ from vcdl.artifacts import (
     progress_png,
     summary_markdown,
 )
-from vcdl.attempt import TERMINAL_SUBTASK_STATES
-from vcdl.cost import run_cost_report
-from vcdl.ledger_models import utcnow
-from vcdl.runtime import RunRef
+from vcdl.views.cost import run_cost_report
+from vcdl.views.epochs import read_epoch_views
 
 log = logging.getLogger(__name__)
 
@@ -53,25 +54,25 @@ def _logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
         return log
 
 
-def run_cost(ref: RunRef) -> dict[str, Any] | None:
-    """The run's cost report as of now (None, with a warning, if it cannot be priced)."""
+def run_cost(ref: RunRef, epoch: int | None = None) -> dict[str, Any] | None:
+    """The cost report as of now, of the run or one epoch (None, with a warning, if unpriced)."""
     try:
-        return run_cost_report(ref.ledger(), ref.run, ref.config().cost, until=utcnow())
+        cost = ref.config().cost
+        return run_cost_report(ref.ledger(), ref.run, cost, until=utcnow(), epoch=epoch)
     except Exception as exc:
         _logger().warning("cost not computed: %s", exc)
         return None
 
 
-def run_rows(ref: RunRef, cost: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The run's per-epoch metrics from the ledger, with cost columns when ``cost`` is given."""
+def run_rows(
+    ref: RunRef, cost: dict[str, Any] | None = None, epoch: int | None = None
+) -> list[dict[str, Any]]:
+    """Per-epoch metrics from the ledger (of ``epoch`` only, if given: its rows only),
+    with cost columns when ``cost`` is given."""
     ledger = ref.ledger()
-    run = ledger.get_run(ref.run)
     return epoch_metrics(
-        ledger.subtasks(ref.run),
-        ledger.attempts(ref.run),
-        ledger.versions(ref.run),
-        ledger.evaluations(ref.run),
-        started=run.created_at,
+        read_epoch_views(ledger, ref.run, epoch),
+        started=ledger.get_run(ref.run).created_at,
         costs=cost["history"] if cost is not None else None,
     )
 
@@ -128,14 +129,13 @@ class ProgressUpdater:
 
 
 def publish_epoch_table(ref: RunRef, epoch: int) -> list[dict[str, Any]]:
-    """The table artifact of one epoch; returns all rows (for the summary)."""
+    """The table artifact of one epoch, from that epoch's rows only; returns its rows."""
     from prefect.artifacts import create_table_artifact
 
-    rows = run_rows(ref, run_cost(ref))
+    rows = run_rows(ref, run_cost(ref, epoch), epoch)
     try:
-        mine = [r for r in rows if r["epoch"] == epoch]
         create_table_artifact(
-            mine,
+            rows,
             key=artifact_key("vcdl", ref.run, "epoch", epoch),
             description=f"vcdl run {ref.run}, epoch {epoch}",
         )

@@ -7,7 +7,7 @@ Scheduled (nightly, inactive until enabled) or on demand. Reads as a sequence:
    so nightly retrains chain;
 2. compare the data set's fingerprint now with the one recorded in the
    source's v0 attributes (``data_fingerprint``, written by
-   :func:`vcdl.runs.prepare_run`); equal → return a ``skipped`` summary
+   :func:`vcdl.driver.runs.prepare_run`); equal → return a ``skipped`` summary
    (the flow run is Completed), unless ``force``;
 3. create the new run with the source's chosen version (head, best test
    accuracy, or a number) written as its v0 bit for bit, the parent link in
@@ -15,7 +15,8 @@ Scheduled (nightly, inactive until enabled) or on demand. Reads as a sequence:
    in v0's attributes;
 4. train it with the ``vcdl-train`` flow (a subflow);
 5. emit ``vcdl.retrain.accuracy-dropped`` when its test accuracy is below
-   ``min_accuracy``.
+   ``min_accuracy`` (an objective with accuracy), or ``vcdl.retrain.loss-rose``
+   when its test loss is above ``max_loss``.
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from pydantic import Field
 
 from flows.reporting import data_fingerprint, emit
 from flows.train import train
-from vcdl.api import _ledger, run_ref
-from vcdl.artifacts import latest_descendant, pick_version, retrain_decision
 from vcdl.config import resolve_home
+from vcdl.driver.retrain import latest_descendant, pick_version, retrain_decision
+from vcdl.driver.runs import ensure_dataset, load_version, prepare_run
 from vcdl.errors import LedgerNotFound, RunNotFound
-from vcdl.runs import ensure_dataset, load_version, prepare_run
+from vcdl.objectives import objective_for
+from vcdl.runtime import existing_ledger, run_ref
 
 
 @flow(name="vcdl-retrain", persist_result=True)
@@ -59,6 +61,10 @@ def retrain(
         float | None,
         Field(ge=0, le=1, description="Emit vcdl.retrain.accuracy-dropped below this."),
     ] = None,
+    max_loss: Annotated[
+        float | None,
+        Field(ge=0, description="Emit vcdl.retrain.loss-rose above this test loss."),
+    ] = None,
     home: Annotated[str | None, Field(description="vcdl home (default $VCDL_HOME)")] = None,
     ledger_url: Annotated[str | None, Field(description="Ledger URL; empty = under home.")] = None,
 ) -> dict[str, Any]:
@@ -66,7 +72,7 @@ def retrain(
     log = get_run_logger()
     home_path = resolve_home(home)
     try:
-        ledger = _ledger(home_path, ledger_url)
+        ledger = existing_ledger(home_path, ledger_url)
     except LedgerNotFound as exc:  # the parent cannot exist: say so as for a missing run
         emit("vcdl.retrain.failed", parent, {"error": str(exc)})
         raise
@@ -91,7 +97,14 @@ def retrain(
         log.info("retrain of %s skipped: %s", source.name, decision.reason)
         emit("vcdl.retrain.skipped", source.name, {**base, "reason": decision.reason})
         return {"state": "skipped", "reason": decision.reason, "run": None, **base}
-    number = pick_version(version, source.head_version, ledger.evaluations(source.name))
+    objective = objective_for(src_cfg.train)
+    number = pick_version(
+        version,
+        source.head_version,
+        ledger.evaluations(source.name),
+        metric=objective.headline,
+        higher_is_better=objective.higher_is_better,
+    )
     _, state = load_version(src_ref, number)
     name = run_name or f"{parent}-r{datetime.now(UTC):%Y%m%d-%H%M%S}"
     new_cfg = cfg.updated(run={"name": name, "epochs": epochs or src_cfg.run.epochs})
@@ -105,11 +118,21 @@ def retrain(
     )
     prepare_run(new_cfg, init_state=state, parent=(source.name, number))
     summary = train(config=new_cfg, home=str(home_path))
-    acc = summary.get("test_accuracy")
-    payload = {**base, "run": name, "parent_version": number, "test_accuracy": acc}
+    acc, loss = summary.get("test_accuracy"), summary.get("test_loss")
+    payload = {
+        **base,
+        "run": name,
+        "parent_version": number,
+        "test_accuracy": acc,
+        "test_metrics": summary.get("test_metrics") or {},
+    }
+    # Accuracy where the objective has one; loss for every objective.
     if min_accuracy is not None and (acc is None or acc < min_accuracy):
         log.warning("retrained run %s: accuracy %s below %s", name, acc, min_accuracy)
         emit("vcdl.retrain.accuracy-dropped", name, {**payload, "min_accuracy": min_accuracy})
+    elif max_loss is not None and (loss is None or loss > max_loss):
+        log.warning("retrained run %s: test loss %s above %s", name, loss, max_loss)
+        emit("vcdl.retrain.loss-rose", name, {**payload, "max_loss": max_loss})
     else:
         emit("vcdl.retrain.completed", name, payload)
     return {**summary, "reason": decision.reason, "fingerprint": info.fingerprint}

@@ -2,18 +2,13 @@
 
 Reads as a plain sequence: prepare (create or resume) the run, take the run's
 lease, start or connect to the Dask cluster, then run the epoch subflow for
-each remaining epoch, in order (flows/pipeline.py). The ledger decides what
+each remaining epoch, in order (flows/workarounds/pipeline.py). The ledger decides what
 is left to do, so running the flow again with the same run name resumes
 where it stopped.
 """
 
 from __future__ import annotations
 
-import os
-import socket
-import threading
-import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -23,25 +18,25 @@ import torch
 from prefect import flow, get_run_logger
 from pydantic import BaseModel, Field
 
-from flows.cluster import dask_cluster, shared_task_runner
+from flows.cluster import dask_cluster
 from flows.epoch import epoch_flow
-from flows.pipeline import run_epochs
 from flows.reporting import (
     ProgressUpdater,
     emit,
     publish_summary,
     start_progress,
 )
-from vcdl.assimilator import forget_run_cache
+from flows.workarounds.heartbeats import epoch_heartbeats_off
+from flows.workarounds.pipeline import run_epochs
+from flows.workarounds.shared_runner import shared_task_runner
 from vcdl.chaos import Preemptor, chaos_schedule
 from vcdl.config import RunConfig, resolve_home
 from vcdl.console import console_off_thread
-from vcdl.errors import LeaseHeld
-from vcdl.report import run_status
-from vcdl.runs import clean_orphans, prepare_run
+from vcdl.driver.head_cache import forget_run_cache
+from vcdl.driver.lease import run_lease
+from vcdl.driver.runs import clean_orphans, prepare_run
 from vcdl.runtime import RunRef
-
-LEASE_TTL = 30.0
+from vcdl.views.status import run_status
 
 
 class ChaosSpec(BaseModel):
@@ -53,65 +48,6 @@ class ChaosSpec(BaseModel):
     seed: int = Field(0, description="Seed of the schedule and the victims.")
     start_after: float = Field(5.0, ge=0, description="Seconds before the first event.")
     log: str | None = Field(None, description="JSON-lines file recording every event.")
-
-
-def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-
-
-def _dead_local_owner(owner: str | None) -> bool:
-    """True when the lease holder is a process on this host that no longer exists."""
-    if not owner:
-        return False
-    host, _, rest = owner.partition(":")
-    pid = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-@contextmanager
-def run_lease(ref: RunRef, ttl: float = LEASE_TTL) -> Iterator[str]:
-    """Hold the run's lease (renewed in the background) so only one driver runs it.
-
-    A lease left by a driver on this host that has died is waited out (at
-    most ``ttl`` seconds) instead of refused.
-    """
-    ledger, owner, log = ref.ledger(), _owner(), get_run_logger()
-    deadline = time.monotonic() + ttl + 5
-    while True:
-        try:
-            ledger.acquire_lease(ref.run, owner, ttl)
-            break
-        except LeaseHeld:
-            holder = ledger.get_run(ref.run).lease_owner
-            if not _dead_local_owner(holder) or time.monotonic() > deadline:
-                raise
-            log.warning("waiting for the lease of dead driver %s to expire", holder)
-            time.sleep(2)
-    stop = threading.Event()
-
-    def renew() -> None:
-        while not stop.wait(ttl / 3):
-            try:
-                ledger.acquire_lease(ref.run, owner, ttl)
-            except Exception as exc:  # keep trying; losing it shows at the next renewal
-                log.warning("lease renewal failed: %s", exc)
-
-    thread = threading.Thread(target=renew, name="vcdl-lease", daemon=True)
-    thread.start()
-    try:
-        yield owner
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-        ledger.release_lease(ref.run, owner)
 
 
 @contextmanager
@@ -186,21 +122,6 @@ def sweep_orphans(ref: RunRef) -> None:
         )
 
 
-@contextmanager
-def epoch_heartbeats_off() -> Iterator[None]:
-    """No Prefect heartbeat thread for the epoch subflows started inside.
-
-    They run in the train flow's process, whose own run keeps its heartbeats
-    (crash detection). A subflow's heartbeat thread sleeps in 1-s steps and
-    Prefect joins it when the subflow ends: up to 1 s of every epoch
-    barrier, all workers idle.
-    """
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-
-    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-        yield
-
-
 @flow(name="vcdl-train", persist_result=True)
 def train(
     config: RunConfig = RunConfig(),  # noqa: B008  (frozen: safe as a default; the UI's form)
@@ -234,7 +155,7 @@ def _train(config: RunConfig, home: str | None, chaos: ChaosSpec | None) -> dict
     ref, run, resumed = prepare_run(cfg)
     ledger = ref.ledger()
     progress_id = start_progress(ref, cfg.run.epochs, cfg.data.shards)
-    with run_lease(ref):
+    with run_lease(ref, logger=logger):
         if resumed:
             removed = clean_orphans(ref)
             logger.info(
@@ -264,7 +185,7 @@ def _train(config: RunConfig, home: str | None, chaos: ChaosSpec | None) -> dict
                 )
                 with epoch_heartbeats_off():
                     # In order; each next epoch's Prefect set-up overlaps the
-                    # current one's last results (flows/pipeline.py).
+                    # current one's last results (flows/workarounds/pipeline.py).
                     run_epochs(
                         lambda epoch: epoch_subflow(
                             ref,

@@ -22,10 +22,24 @@ from pathlib import Path
 from typing import Any
 
 from vcdl.config import RunConfig, apply_overrides, load_config, parse_config, resolve_home
-from vcdl.ledger import Ledger
-from vcdl.runtime import RunRef, open_ledger
+from vcdl.runtime import (
+    RunRef,
+    existing_ledger,
+    recorded_config,
+    run_ref,
+)
 
-__all__ = ["load_config", "resume", "run_ref", "status", "train"]
+__all__ = [
+    "existing_ledger",
+    "load_config",
+    "recorded_config",
+    "resolve",
+    "resume",
+    "run",
+    "run_ref",
+    "status",
+    "train",
+]
 
 
 def prepare_prefect(home: Path) -> None:
@@ -47,13 +61,23 @@ def prepare_prefect(home: Path) -> None:
     os.environ["PREFECT_HOME"] = str(home / "prefect")
 
 
-def _resolve(
+def resolve(
     config: RunConfig | str | Path,
-    run_name: str | None,
-    workers: int | None,
-    overrides: Sequence[str],
-    home: Path,
+    *,
+    run_name: str | None = None,
+    workers: int | None = None,
+    overrides: Sequence[str] = (),
+    home: str | Path | None = None,
 ) -> RunConfig:
+    """The run's whole config, checked before anything is written.
+
+    ``config`` is a :class:`RunConfig` or a TOML file; ``overrides`` are
+    ``section.key=value`` strings; ``run_name`` and ``workers`` replace
+    ``run.name`` and ``cluster.workers``; empty locations resolve under
+    ``home``. Then the preflight: the data set (built-ins are generated), the
+    model factory and the instance prices, so that bad input fails here
+    with one line, before the ledger is touched.
+    """
     if isinstance(config, RunConfig):
         cfg = parse_config(apply_overrides(config.model_dump(), overrides)) if overrides else config
     else:
@@ -62,18 +86,27 @@ def _resolve(
         cfg = cfg.updated(run={"name": run_name})
     if workers:
         cfg = cfg.updated(cluster={"workers": workers})
-    return cfg.with_locations(home)
+    cfg = cfg.with_locations(resolve_home(home))
+    preflight(cfg)
+    return cfg
 
 
 def preflight(cfg: RunConfig) -> None:
-    """Fail on a missing data set, a broken model factory or an unpriced instance type
-    before the ledger is touched."""
-    from vcdl.cost import run_prices
-    from vcdl.runs import ensure_dataset, new_model
+    """Fail on a missing data set, a broken model factory or objective, a data set the
+    objective cannot use, or an unpriced instance type, before the ledger is touched."""
+    from vcdl.driver.runs import ensure_dataset, new_model
+    from vcdl.objectives import objective_for
+    from vcdl.usercode import code_dirs, importable_here, run_specs
+    from vcdl.views.prices import run_prices
 
     run_prices(cfg.cost)
+    # The run's own modules (beside its config, or here) import in this process too.
+    specs = run_specs(cfg.model.factory, cfg.train.objective, cfg.train.metrics)
+    importable_here(code_dirs(cfg.run.code_dir), specs)
+    objective = objective_for(cfg.train)
     ref = RunRef.from_config(cfg)
     info = ensure_dataset(ref.store(), cfg)
+    objective.check(info.fields)
     new_model(cfg, info)
 
 
@@ -92,28 +125,21 @@ def train(
     ``{"rate": 0.2, "notice_fraction": 0.25, "grace": 2, "seed": 1}`` (see
     :class:`flows.train.ChaosSpec`).
     """
+    cfg = resolve(config, run_name=run_name, workers=workers, overrides=overrides, home=home)
+    return run(cfg, home=home, chaos=chaos)
+
+
+def run(
+    cfg: RunConfig, *, home: str | Path | None = None, chaos: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Run the ``vcdl-train`` flow for a config :func:`resolve` returned; its summary."""
     home_path = resolve_home(home)
-    cfg = _resolve(config, run_name, workers, overrides, home_path)
-    preflight(cfg)
     prepare_prefect(home_path)
     from flows.train import ChaosSpec
     from flows.train import train as train_flow
 
     spec = ChaosSpec.model_validate(dict(chaos)) if chaos else None
     return train_flow(config=cfg, home=str(home_path), chaos=spec)
-
-
-def run_ref(name: str, home: str | Path | None = None, ledger_url: str | None = None) -> RunRef:
-    """The reference of an existing run, its store taken from its recorded config."""
-    ledger = _ledger(home, ledger_url)
-    cfg = RunConfig.model_validate_json(ledger.get_run(name).config)
-    assert cfg.store.url is not None  # recorded configs have resolved locations
-    return RunRef(
-        run=name,
-        ledger_url=ledger.url,
-        store_url=cfg.store.url,
-        storage_options=dict(cfg.store.storage_options),
-    )
 
 
 def resume(
@@ -125,8 +151,7 @@ def resume(
     chaos: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Continue a run from the ledger's state with its recorded config."""
-    ledger = _ledger(home, ledger_url)
-    cfg = RunConfig.model_validate_json(ledger.get_run(name).config)
+    cfg = recorded_config(name, home=home, ledger_url=ledger_url)
     return train(cfg, workers=workers, home=home, chaos=chaos)
 
 
@@ -134,16 +159,6 @@ def status(
     name: str, home: str | Path | None = None, ledger_url: str | None = None
 ) -> dict[str, Any]:
     """The run's summary: state, epochs, head, test accuracy, per-epoch history."""
-    from vcdl.report import run_status
+    from vcdl.views.status import run_status
 
-    return run_status(_ledger(home, ledger_url), name)
-
-
-def default_ledger_url(home: str | Path | None = None) -> str:
-    return f"sqlite:///{resolve_home(home) / 'ledger.db'}"
-
-
-def _ledger(home: str | Path | None, ledger_url: str | None) -> Ledger:
-    """An existing ledger, for commands that read runs (LedgerNotFound if there is none)."""
-    url = ledger_url or os.environ.get("VCDL_LEDGER_URL") or default_ledger_url(home)
-    return open_ledger(url, create=False)
+    return run_status(existing_ledger(home, ledger_url), name)

@@ -8,7 +8,7 @@ Two kinds of event, at the times of a seeded Poisson process:
   minutes, GCP thirty seconds, Kubernetes ``terminationGracePeriodSeconds``;
   scaled down for tests). A vcdl worker that gets the notice stops its attempt
   at the next batch boundary and hands in a partial result
-  (:mod:`vcdl.preemption`).
+  (:mod:`vcdl.worker.preemption`).
 
 Signals are delivered through ``Client.run`` inside the chosen worker
 process, so the simulator works against local and remote workers alike. The

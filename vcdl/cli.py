@@ -138,12 +138,34 @@ def _parser() -> argparse.ArgumentParser:
     store_opt = _Parser(add_help=False, parents=[common])
     store_opt.add_argument("--store", help="store URL (default: <home>/store)")
     mk = dsub.add_parser("make", parents=[store_opt], help="generate a built-in data set")
-    mk.add_argument("kind", choices=["digits", "mnist1d"])
+    mk.add_argument("kind", choices=["digits", "mnist1d", "pytext"])
     mk.add_argument("--name", help="data set name (default: the kind)")
     mk.add_argument("--samples", type=int, default=40_000, help="mnist1d samples")
-    im = dsub.add_parser("import", parents=[store_opt], help="import x_train,y_train,x_test,y_test")
-    im.add_argument("file", help=".npz file")
+    mk.add_argument(
+        "--context", type=int, default=128, help="pytext: tokens of context per row (128)"
+    )
+    im = dsub.add_parser(
+        "import",
+        parents=[store_opt],
+        help="import an .npz of named arrays, a Parquet/Arrow table, or text (bytes as tokens)",
+    )
+    im.add_argument("file", help=".npz, .parquet/.arrow/.feather, or a text file or folder")
     im.add_argument("--name", required=True)
+    im.add_argument(
+        "--format",
+        choices=["auto", "npz", "table", "text"],
+        default="auto",
+        help="what the file is (default: by its extension; text otherwise)",
+    )
+    im.add_argument(
+        "--test-fraction",
+        type=float,
+        default=None,
+        help="held-out share when the input names no splits (npz, table: 0.2; text: 0.1)",
+    )
+    im.add_argument("--classes", type=int, help="number of classes (classification x, y)")
+    im.add_argument("--context", type=int, default=128, help="text: tokens of context per row")
+    im.add_argument("--pattern", default="*.txt", help="text folder: files to read (*.txt)")
     dsub.add_parser("list", parents=[store_opt], help="list data sets")
     return p
 
@@ -170,7 +192,10 @@ class Progress:
             self.out.write("\n")
 
     def line(self) -> str | None:
+        from vcdl.ledger import evaluation_metrics
         from vcdl.runtime import open_ledger
+        from vcdl.states import TERMINAL_SUBTASK_STATES
+        from vcdl.views.epochs import format_metrics
 
         ledger = open_ledger(self.ledger_url)
         run = ledger.find_run(self.run)
@@ -178,12 +203,16 @@ class Progress:
             return None
         epoch = min(run.epochs_completed, self.epochs - 1)
         subs = ledger.subtasks(self.run, epoch)
-        done = sum(1 for s in subs if s.state in ("merged", "dropped", "failed"))
+        done = sum(1 for s in subs if s.state in TERMINAL_SUBTASK_STATES)
         evals = [e for e in ledger.evaluations(self.run) if e.split == "test"]
-        acc = f"{evals[-1].accuracy:.4f} (epoch {evals[-1].epoch})" if evals else "-"
+        last = (
+            f"{format_metrics(evaluation_metrics(evals[-1]), 'accuracy')} (epoch {evals[-1].epoch})"
+            if evals
+            else "-"
+        )
         return (
             f"epoch {epoch + 1}/{self.epochs} · shards {done}/{len(subs) or '?'} · "
-            f"head v{run.head_version} · test acc {acc}"
+            f"head v{run.head_version} · test {last}"
         )
 
     def _loop(self) -> None:
@@ -219,17 +248,23 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
         return
-    acc = summary.get("test_accuracy")
-    acc_text = f"{acc:.4f}" if acc is not None else "-"
+    from vcdl.views.epochs import format_metrics
+
+    metrics = summary.get("test_metrics") or {}
     print(
         f"run {summary['run']}: {summary['state']}, {summary['epochs_completed']}/"
-        f"{summary['epochs']} epochs, head v{summary['head_version']}, test accuracy {acc_text}"
+        f"{summary['epochs']} epochs, head v{summary['head_version']}, "
+        f"test {format_metrics(metrics, 'accuracy')}"
     )
-    head = ("epoch", "merged", "attempts", "version", "staleness", "accuracy")
+    # The per-epoch column: accuracy where the objective has one, else the loss.
+    by_acc = any(h["test_accuracy"] is not None for h in summary["history"])
+    column = "accuracy" if by_acc else "loss"
+    head = ("epoch", "merged", "attempts", "version", "staleness", column)
     print(" ".join(f"{h:>{w}}" for h, w in zip(head, (5, 8, 8, 7, 9, 8), strict=True)))
     for h in summary["history"]:
         stale = f"{h['mean_staleness']:.2f}" if h["mean_staleness"] is not None else "-"
-        acc_e = f"{h['test_accuracy']:.4f}" if h["test_accuracy"] is not None else "-"
+        value = h["test_accuracy"] if by_acc else h.get("test_loss")
+        acc_e = f"{value:.4f}" if value is not None else "-"
         version = f"v{h['version']}" if h["version"] is not None else "-"
         print(
             f"{h['epoch']:>5} {h['merged']:>4}/{h['subtasks']:<3} {h['attempts']:>8} "
@@ -261,20 +296,19 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from vcdl import api
-    from vcdl.config import RunConfig, load_config
 
     home = resolve_home(args.home)
     if args.command == "resume":
-        ledger = api._ledger(args.home, args.ledger)
-        cfg = RunConfig.model_validate_json(ledger.get_run(args.run).config)
+        recorded = api.recorded_config(args.run, home=args.home, ledger_url=args.ledger)
+        cfg = api.resolve(recorded, workers=args.workers, home=home)
     else:
-        cfg = load_config(args.config, args.overrides)
-        if args.run:
-            cfg = cfg.updated(run={"name": args.run})
-    if args.workers:
-        cfg = cfg.updated(cluster={"workers": args.workers})
-    cfg = cfg.with_locations(home)
-    api.preflight(cfg)
+        cfg = api.resolve(
+            args.config,
+            run_name=args.run,
+            workers=args.workers,
+            overrides=args.overrides,
+            home=home,
+        )
     api.prepare_prefect(home)
     import prefect  # noqa: F401  (sets up Prefect's logging, which we then tame)
 
@@ -296,9 +330,33 @@ def _train(args: argparse.Namespace) -> int:
             "log": args.preempt_log,
         }
     with Progress(cfg.ledger.url, cfg.run.name, cfg.run.epochs):
-        summary = api.train(cfg, home=home, chaos=chaos)
+        summary = api.run(cfg, home=home, chaos=chaos)
     _print_summary(summary, args.json)
+    if not args.json:
+        _print_baseline(cfg, summary)
     return 0 if summary["state"] == "completed" else 1
+
+
+def _print_baseline(cfg: Any, summary: dict[str, Any]) -> None:
+    """A text run's test loss beside the text's unigram entropy (what context must beat)."""
+    from vcdl.data import open_dataset
+    from vcdl.errors import DataError
+    from vcdl.runtime import open_store
+
+    loss = (summary.get("test_metrics") or {}).get("loss")
+    options = json.dumps(cfg.store.storage_options, sort_keys=True)
+    try:
+        stats = open_dataset(open_store(cfg.store.url, options), cfg.data.name).stats
+    except DataError:
+        return
+    entropy = stats.get("unigram_entropy")
+    if loss is None or entropy is None:
+        return
+    print(
+        f"test loss {loss:.3f} nats/token; unigram entropy of '{cfg.data.name}' "
+        f"{entropy:.3f} nats/token: {abs(entropy - loss):.3f} "
+        + ("below it" if loss < entropy else "ABOVE it: the model learnt less than byte counts")
+    )
 
 
 def _data(args: argparse.Namespace) -> int:
@@ -310,22 +368,63 @@ def _data(args: argparse.Namespace) -> int:
         name = args.name or args.kind
         if args.kind == "digits":
             info = data.make_digits(store, name=name)
+        elif args.kind == "pytext":
+            info = data.make_pytext(store, name=name, context=args.context)
         else:
             info = data.make_mnist1d(store, name=name, samples=args.samples)
     elif args.data_command == "import":
-        info = data.import_npz(store, args.file, args.name)
+        info = _import(store, args)
     else:
         for d in data.list_datasets(store):
-            print(
-                f"{d.name:20} train {d.n_train:>8} test {d.n_test:>7} input {d.input_shape} "
-                f"classes {d.num_classes} ({d.source})"
-            )
+            print(f"{d.name:20} {_describe(d)} ({d.source})")
         return 0
-    print(
-        f"data set {info.name}: {info.n_train} train / {info.n_test} test rows, input "
-        f"{info.input_shape}, {info.num_classes} classes, in {store.uri('datasets/' + info.name)}"
-    )
+    print(f"data set {info.name}: {_describe(info)}, in {store.uri('datasets/' + info.name)}")
     return 0
+
+
+def _import(store: Any, args: argparse.Namespace) -> Any:
+    from pathlib import Path
+
+    from vcdl import data
+
+    path = Path(args.file)
+    kind = args.format
+    if kind == "auto":
+        suffix = path.suffix.lower()
+        kind = {".npz": "npz", ".parquet": "table", ".arrow": "table", ".feather": "table"}.get(
+            suffix, "text"
+        )
+    if args.test_fraction is None:
+        args.test_fraction = 0.1 if kind == "text" else 0.2
+    if kind == "npz":
+        return data.import_npz(
+            store, path, args.name, num_classes=args.classes, test_fraction=args.test_fraction
+        )
+    if kind == "table":
+        return data.import_table(
+            store, path, args.name, num_classes=args.classes, test_fraction=args.test_fraction
+        )
+    return data.import_text(
+        store,
+        path,
+        args.name,
+        context=args.context,
+        test_fraction=args.test_fraction,
+        pattern=args.pattern,
+    )
+
+
+def _describe(info: Any) -> str:
+    """``"3297 train / 366 test rows; tokens uint8 (129,); vocab_size 256, ..."``."""
+    train = info.splits["train"]
+    fields = ", ".join(f"{f} {a.dtype} {a.shape}" for f, a in train.arrays.items())
+    hints = ", ".join(f"{k} {v}" for k, v in sorted(info.hints.items()) if v is not None)
+    stats = ", ".join(f"{k} {v:.3f}" for k, v in sorted(info.stats.items()))
+    return (
+        f"{info.n_train} train / {info.n_test} test rows; {fields}"
+        + (f"; {hints}" if hints else "")
+        + (f"; {stats}" if stats else "")
+    )
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -360,7 +459,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from vcdl.errors import LedgerNotFound
 
         try:
-            runs = api._ledger(args.home, args.ledger).list_runs()
+            runs = api.existing_ledger(args.home, args.ledger).list_runs()
         except LedgerNotFound as exc:
             print(f"no runs yet ({exc})")
             return 0
@@ -373,11 +472,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             )
         return 0
     if args.command == "cost":
-        from vcdl.config import RunConfig
-        from vcdl.cost import format_cost, run_cost_report
+        from vcdl.views.cost import format_cost, run_cost_report
 
-        ledger = api._ledger(args.home, args.ledger)
-        cost = RunConfig.model_validate_json(ledger.get_run(args.run).config).cost
+        ledger = api.existing_ledger(args.home, args.ledger)
+        cost = api.recorded_config(args.run, ledger=ledger).cost
         given = {"instance_type": args.instance, "prices": args.prices}
         cost = cost.model_copy(update={k: v for k, v in given.items() if v is not None})
         if args.instance is not None:
@@ -390,7 +488,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     ref = api.run_ref(args.run, args.home, args.ledger)
     if args.command == "audit":
-        from vcdl.report import audit_run
+        from vcdl.views.audit import audit_run
 
         problems = audit_run(ref, deep=args.deep)
         for p in problems:
@@ -401,19 +499,21 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"audit of {args.run}: ok")
         return 0
     if args.command == "export":
-        from vcdl.runs import export_version
+        from vcdl.driver.runs import export_version
 
         number, out = export_version(ref, args.out, args.version)
         print(f"exported {args.run} v{number} to {out}")
         return 0
     if args.command == "evaluate":
-        from vcdl.runs import evaluate_version
+        from vcdl.driver.runs import evaluate_version
+        from vcdl.ledger import evaluation_metrics
+        from vcdl.views.epochs import format_metrics
 
         cfg = ref.config()
         ev = evaluate_version(ref, cfg, args.version, split=args.split, dataset=args.data)
         print(
             f"{args.run} v{ev.version} on {args.data or cfg.data.name}:{args.split}: "
-            f"accuracy {ev.accuracy:.4f}, loss {ev.loss:.4f} ({ev.samples} samples)"
+            f"{format_metrics(evaluation_metrics(ev), 'accuracy')} ({ev.samples} samples)"
         )
         return 0
     raise AssertionError(args.command)

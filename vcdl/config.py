@@ -14,6 +14,7 @@ see :func:`resolve_home` and :meth:`RunConfig.with_locations`.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,6 +33,8 @@ from vcdl.errors import ConfigError
 
 HOME_ENV = "VCDL_HOME"
 DEFAULT_HOME = ".vcdl"
+# "package.module:attr.attr": what an import path of the user's code looks like.
+_IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 
 class _Section(BaseModel):
@@ -48,6 +51,13 @@ class RunSection(_Section):
     )
     seed: int = Field(0, ge=0, description="Seed for model init, shard plans and training.")
     epochs: int = Field(5, ge=1, le=100_000, description="Epochs to train.")
+    code_dir: str | None = Field(
+        None,
+        description="Where the run's own modules (model factory, objective given by import "
+        "path) are found besides the current directory; set to the config file's directory "
+        "when a config is loaded from a file. They are imported by the driver and shipped "
+        "to every Dask worker.",
+    )
 
 
 class DataSection(_Section):
@@ -74,7 +84,7 @@ class DataSection(_Section):
 class ModelSection(_Section):
     factory: str = Field(
         "cnn1d",
-        description="Built-in model (mlp, cnn1d, cnn2d, resnet) or 'package.module:function'.",
+        description="Built-in model (mlp, cnn1d, cnn2d, resnet, gpt) or 'package.module:function'.",
         min_length=1,
     )
     kwargs: dict[str, Any] = Field(
@@ -107,16 +117,50 @@ class TrainSection(_Section):
     amp: bool = Field(
         False, description="Mixed precision (bfloat16 autocast) on CUDA; ignored on CPU."
     )
+    objective: str = Field(
+        "classification",
+        description="What the model is trained for: classification (cross-entropy on x, y; "
+        "accuracy), regression (mean squared error on x, y), causal_lm (next-token "
+        "cross-entropy on tokens; perplexity, token accuracy), or an import path "
+        "'package.module:function' taking (model, batch) and returning the loss.",
+        min_length=1,
+    )
+    metrics: str | None = Field(
+        None,
+        description="With an objective given by import path: 'package.module:function' "
+        "taking (model, batch) and returning a dict of per-batch metric means for evaluation.",
+    )
+
+    @field_validator("objective")
+    @classmethod
+    def _objective_name(cls, value: str) -> str:
+        builtins = ("classification", "regression", "causal_lm")
+        if value not in builtins and not _IMPORT_PATH.fullmatch(value):
+            raise ValueError(
+                f"must be one of {', '.join(builtins)} or an import path 'package.module:function'"
+            )
+        return value
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics_path(cls, value: str | None) -> str | None:
+        if value is not None and not _IMPORT_PATH.fullmatch(value):
+            raise ValueError("must be an import path 'package.module:function'")
+        return value
 
 
 class MergeSection(_Section):
-    rule: Literal["vc_asgd", "delta", "average"] = Field(
+    rule: Literal["vc_asgd", "delta", "average", "easgd", "diloco"] = Field(
         "vc_asgd",
         description="vc_asgd: W <- a*W + (1-a)*W_worker as results arrive. delta: "
         "W <- W + (1-a)*(W_worker - W_base), the worker's own change from the version it "
         "started from (stale results no longer pull the head back). average: every "
         "shard of an epoch starts from the epoch's first version and the epoch's results "
-        "are averaged (synchronous baseline).",
+        "are averaged (synchronous baseline). easgd: elastic averaging, the head moves "
+        "towards each worker's variable and a worker's variable towards the head by 1-a. "
+        "diloco: an outer SGD step with Nesterov momentum m (outer_momentum) and learning "
+        "rate (1-a)(1-m) on each result's change from its base; the momentum is kept with "
+        "the versions, so a resumed run continues it.",
     )
     alpha: float = Field(0.5, ge=0, le=1, description="VC-ASGD alpha (weight of the head).")
     schedule: Literal["constant", "linear", "cosine", "list"] = Field(
@@ -144,6 +188,17 @@ class MergeSection(_Section):
     max_update_norm: float | None = Field(
         None, gt=0, description="Reject results whose L2 distance from their base exceeds this."
     )
+    result_precision: Literal["full", "bf16_delta", "int8_delta"] = Field(
+        "full",
+        description="How workers store their results: full (as trained), bf16_delta (the change "
+        "from the base version in bfloat16: half the bytes of float32) or int8_delta (the "
+        "change quantized per row with a float32 scale: about a quarter). The driver adds the "
+        "change back to the base version before merging.",
+    )
+    outer_momentum: float = Field(
+        0.9, ge=0, lt=1, description="diloco: momentum of the outer SGD (the paper's 0.9)."
+    )
+    nesterov: bool = Field(True, description="diloco: Nesterov momentum (the paper's choice).")
 
     @model_validator(mode="after")
     def _check_schedule(self) -> MergeSection:
@@ -236,7 +291,7 @@ class FaultSection(_Section):
         le=100,
         description="Attempts per subtask before it is recorded as failed. Not counted: a "
         "killed attempt that checkpointed further than any before it, and a task a worker "
-        "under preemption notice handed back untrained (vcdl/budget.py).",
+        "under preemption notice handed back untrained (vcdl/driver/budget.py).",
     )
     attempt_timeout: float = Field(
         900.0, gt=0, description="Seconds after which a running attempt is presumed dead."
@@ -246,7 +301,15 @@ class FaultSection(_Section):
         ge=0,
         description="Write a running attempt's weights every this many seconds of training, so "
         "the attempt that replaces it after a kill resumes there instead of starting over "
-        "(0: never).",
+        "(0: never). The least interval: see checkpoint_write_ratio.",
+    )
+    checkpoint_write_ratio: float = Field(
+        10.0,
+        ge=1,
+        le=1000,
+        description="Train at least this many times as long as the last checkpoint write took "
+        "before writing the next: a big model on a slow store checkpoints less often than "
+        "checkpoint_seconds, so writes cost at most ~1/ratio of the training.",
     )
     partial: Literal["scale", "discard"] = Field(
         "scale",
@@ -274,7 +337,7 @@ class CostSection(_Section):
     instance_type: str = Field(
         "g4dn.xlarge",
         description="Instance type of the workers, for cost accounting (a key of the price "
-        "table: vcdl/prices.toml or cost.prices).",
+        "table: vcdl/views/prices.toml or cost.prices).",
     )
     prices: str | None = Field(
         None,
@@ -419,4 +482,6 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
     if cfg.run.name is None:
         stem = "".join(c if c.isalnum() or c in "_.-" else "-" for c in Path(path).stem)
         cfg = cfg.updated(run={"name": stem or "run"})
+    if cfg.run.code_dir is None:
+        cfg = cfg.updated(run={"code_dir": str(Path(path).resolve().parent)})
     return cfg

@@ -4,20 +4,24 @@ A :class:`RunRef` is what travels through Prefect and Dask instead of tensors:
 the run's name and the URLs of its ledger and weight store. Workers turn it
 into open handles with :func:`open_ledger` / :func:`open_store`, which are
 cached per process so that a worker running many attempts keeps one
-connection pool and one store client.
+connection pool and one store client. Commands that read an existing run
+find its ledger (:func:`existing_ledger`: never created by a reader), its
+recorded config and its reference (:func:`run_ref`).
 
-This module also owns the layout of a run inside the store.
+Where a run's groups live inside the store is :mod:`vcdl.store.paths`.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vcdl.config import RunConfig
+from vcdl.config import RunConfig, resolve_home
 from vcdl.ledger import Ledger
 from vcdl.store import WeightStore
 
@@ -71,30 +75,36 @@ def open_store(url: str, storage_options_json: str = "{}") -> WeightStore:
     return WeightStore(url, json.loads(storage_options_json))
 
 
-# Store layout of a run. Version groups carry the writer's attempt id so that
-# two mergers racing for the same number never write to the same group: the
-# loser's group is an orphan the ledger never points to.
-def version_path(run: str, number: int, tag: str) -> str:
-    return f"runs/{run}/versions/{number:08d}-{tag}"
+def run_ref(name: str, home: str | Path | None = None, ledger_url: str | None = None) -> RunRef:
+    """The reference of an existing run, its store taken from its recorded config."""
+    ledger = existing_ledger(home, ledger_url)
+    cfg = recorded_config(name, ledger=ledger)
+    assert cfg.store.url is not None  # recorded configs have resolved locations
+    return RunRef(
+        run=name,
+        ledger_url=ledger.url,
+        store_url=cfg.store.url,
+        storage_options=dict(cfg.store.storage_options),
+    )
 
 
-def versions_prefix(run: str) -> str:
-    return f"runs/{run}/versions"
+def recorded_config(
+    name: str,
+    *,
+    home: str | Path | None = None,
+    ledger_url: str | None = None,
+    ledger: Ledger | None = None,
+) -> RunConfig:
+    """The config run ``name`` was recorded with (RunNotFound if there is no such run)."""
+    ledger = ledger if ledger is not None else existing_ledger(home, ledger_url)
+    return RunConfig.model_validate_json(ledger.get_run(name).config)
 
 
-def result_path(run: str, epoch: int, shard: int, attempt_id: str) -> str:
-    return f"runs/{run}/results/e{epoch:05d}-s{shard:05d}-{attempt_id}"
+def default_ledger_url(home: str | Path | None = None) -> str:
+    return f"sqlite:///{resolve_home(home) / 'ledger.db'}"
 
 
-def checkpoint_path(run: str, epoch: int, shard: int, attempt_id: str, samples: int) -> str:
-    """A checkpoint of an attempt's training, after ``samples``; one group per checkpoint.
-
-    Never overwritten: a replacement reading the one the ledger names while
-    its attempt writes the next one reads a complete group, or finds it
-    deleted and starts over.
-    """
-    return f"{result_path(run, epoch, shard, attempt_id)}-ckpt{samples:010d}"
-
-
-def results_prefix(run: str) -> str:
-    return f"runs/{run}/results"
+def existing_ledger(home: str | Path | None = None, ledger_url: str | None = None) -> Ledger:
+    """An existing ledger, for commands that read runs (LedgerNotFound if there is none)."""
+    url = ledger_url or os.environ.get("VCDL_LEDGER_URL") or default_ledger_url(home)
+    return open_ledger(url, create=False)

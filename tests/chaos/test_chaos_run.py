@@ -23,9 +23,9 @@ import pytest
 
 from vcdl import api
 from vcdl.config import load_config
+from vcdl.driver.runs import clean_orphans
 from vcdl.ledger import Ledger
-from vcdl.report import audit_run
-from vcdl.runs import clean_orphans
+from vcdl.views.audit import audit_run
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "mnist1d.toml"

@@ -10,18 +10,19 @@ import numpy as np
 import pytest
 import zarr
 
-import vcdl.data
+import vcdl.data.datasets
 from vcdl.data import (
     DatasetInfo,
-    SplitCache,
     import_npz,
     list_datasets,
     make_digits,
     make_mnist1d,
     open_dataset,
+    read_arrays,
     read_rows,
     write_dataset,
 )
+from vcdl.data.cache import SplitCache
 from vcdl.errors import DataError
 from vcdl.store import WeightStore
 
@@ -58,11 +59,12 @@ def test_write_then_open_round_trip(store: WeightStore) -> None:
     assert info.fingerprint.startswith("sha256:")
     group = store.open_group("datasets/toy")
     assert group.attrs["complete"] is True
-    assert group.attrs["input_shape"] == [3, 4]
+    assert group.attrs["splits"]["train"]["arrays"]["x"] == {"dtype": "float32", "shape": [3, 4]}
+    assert group.attrs["hints"] == {"num_classes": 5}
     assert "created_at" in group.attrs
-    x_arr, y_arr = group["x_train"], group["y_test"]
+    x_arr, y_arr = group["train/x"], group["test/y"]
     assert isinstance(x_arr, zarr.Array) and isinstance(y_arr, zarr.Array)
-    assert x_arr.dtype == np.float32
+    assert x_arr.dtype == np.float32  # as given
     assert y_arr.dtype == np.int64
     x, y = read_rows(store, "toy", "train")
     np.testing.assert_array_equal(x, arrays["x_train"])
@@ -72,11 +74,15 @@ def test_write_then_open_round_trip(store: WeightStore) -> None:
 def test_rows_are_chunked_with_full_sample_extent(store: WeightStore) -> None:
     arrays = small(n_train=20_000, shape=(40,))
     write_dataset(store, "big", **arrays, source="test")
-    arr = store.open_group("datasets/big")["x_train"]
-    assert isinstance(arr, zarr.Array)
+    group = store.open_group("datasets/big")
+    arr, labels = group["train/x"], group["train/y"]
+    assert isinstance(arr, zarr.Array) and isinstance(labels, zarr.Array)
     rows = arr.chunks[0]
     assert arr.chunks[1:] == (40,)
-    assert 1 << 20 <= rows * 40 * 4 <= 4 << 20
+    # A chunk holds ~2 MiB of a row's arrays together, the same rows in each.
+    assert 1 << 20 <= rows * (40 * 4 + 8) <= 4 << 20
+    assert labels.chunks == (rows,)
+    assert open_dataset(store, "big").splits["train"].rows_per_chunk == rows
 
 
 def test_list_datasets_skips_incomplete(store: WeightStore) -> None:
@@ -95,8 +101,8 @@ def test_open_missing_gives_advice(store: WeightStore) -> None:
     msg = str(info.value)
     assert "data set 'nope' not found in store" in msg
     assert store.uri("") in msg
-    assert "vcdl data make digits|mnist1d" in msg
-    assert "vcdl data import FILE.npz --name nope" in msg
+    assert "vcdl data make digits|mnist1d|pytext" in msg
+    assert "vcdl data import FILE --name nope" in msg
 
 
 @pytest.mark.parametrize("complete", [None, False, "yes"])
@@ -115,8 +121,8 @@ def test_incomplete_data_set_is_missing(store: WeightStore, complete: Any) -> No
 
 def test_missing_array_is_malformed(store: WeightStore) -> None:
     write_dataset(store, "toy", **small(), source="test")
-    del store.open_group("datasets/toy", mode="a")["y_test"]
-    with pytest.raises(DataError, match="malformed: array 'y_test' is missing"):
+    del store.open_group("datasets/toy", mode="a")["test/y"]
+    with pytest.raises(DataError, match="malformed: array 'test/y' is missing"):
         open_dataset(store, "toy")
 
 
@@ -131,12 +137,12 @@ def test_fingerprint_tracks_content(store: WeightStore) -> None:
     arrays = small()
     fp = write_dataset(store, "a", **arrays, source="x").fingerprint
     assert write_dataset(store, "b", **arrays, source="y").fingerprint == fp
-    # Equal values in other dtypes are the same data once stored.
+    # Dtypes are kept, so equal values in other dtypes are other data.
     as64 = {
         k: v.astype(np.float64) if k.startswith("x") else v.astype(np.int32)
         for k, v in arrays.items()
     }
-    assert write_dataset(store, "c", **as64, source="z").fingerprint == fp
+    assert write_dataset(store, "c", **as64, source="z").fingerprint != fp
     changed = {k: v.copy() for k, v in arrays.items()}
     changed["x_test"][3, 1, 2] += 1e-3
     assert write_dataset(store, "d", **changed, source="x").fingerprint != fp
@@ -182,8 +188,8 @@ def _with(**changes: Any) -> dict[str, Any]:
         ("ok", _with(y_train=np.zeros(50, dtype=np.float32)), {}, "y_train must hold integer"),
         ("ok", _with(y_train=np.zeros((50, 1), dtype=np.int64)), {}, "y_train must be 1-D"),
         ("ok", _with(x_test=np.full((20, 3, 4), np.nan)), {}, "x_test has 240 non-finite"),
-        ("ok", _with(x_train=np.full((50, 3, 4), 1e300)), {}, "beyond float32 range"),
-        ("ok", _with(x_train=np.array(["a"] * 50)), {}, "x_train must be numeric"),
+        ("ok", _with(x_train=np.full((50, 3, 4), np.inf)), {}, "x_train has 600 non-finite"),
+        ("ok", _with(x_train=np.array(["a"] * 50)), {}, "x_train must hold numbers"),
         (
             "ok",
             _with(x_train=np.zeros(50)),
@@ -233,7 +239,7 @@ def test_read_rows_in_given_order(store: WeightStore) -> None:
 @pytest.fixture
 def split_cache(monkeypatch: pytest.MonkeyPatch) -> SplitCache:
     cache = SplitCache()
-    monkeypatch.setattr(vcdl.data, "split_cache", cache)
+    monkeypatch.setattr(vcdl.data.datasets, "split_cache", cache)
     return cache
 
 
@@ -248,8 +254,8 @@ def test_cached_rows_equal_stored_rows(store: WeightStore, split_cache: SplitCac
         assert x.dtype == np.float32 and y.dtype == np.int64
         assert x.flags.writeable and y.flags.writeable  # the caller's own copies
     assert len(split_cache._items) == 1  # decoded once, indexed three times
-    ((kept_x, kept_y),) = split_cache._items.values()
-    assert not kept_x.flags.writeable and not kept_y.flags.writeable
+    (kept,) = split_cache._items.values()
+    assert not kept["x"].flags.writeable and not kept["y"].flags.writeable
 
 
 def test_cache_reads_the_split_once(
@@ -334,20 +340,85 @@ def test_read_rows_validation(store: WeightStore, split: str, indices: Any, matc
 def test_import_npz(store: WeightStore, tmp_path: Path) -> None:
     arrays = small()
     path = tmp_path / "set.npz"
-    np.savez(path, **arrays, extra=np.arange(3))
+    np.savez(path, **arrays)
     info = import_npz(store, path, "imported")
     assert info == open_dataset(store, "imported")
     assert info.source == f"npz:{path.resolve()}"
+    assert info.num_classes == 5  # x and integer y: the classification convention
     np.testing.assert_array_equal(read_rows(store, "imported", "test")[1], arrays["y_test"])
 
 
-def test_import_npz_missing_keys(store: WeightStore, tmp_path: Path) -> None:
+def test_import_npz_of_any_names_keeps_their_dtypes(store: WeightStore, tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(30, 2, 2), dtype=np.uint8)
     path = tmp_path / "set.npz"
-    np.savez(path, x_train=np.zeros((2, 2)), y_train=np.zeros(2, dtype=int), x=np.zeros(1))
-    with pytest.raises(
-        DataError, match="missing key\\(s\\) x_test, y_test; found x, x_train, y_train"
-    ):
+    np.savez(
+        path,
+        pixels_train=images[:20],
+        pixels_test=images[20:],
+        w_train=np.ones(20, np.float16),
+        w_test=np.ones(10, np.float16),
+    )
+    info = import_npz(store, path, "named")
+    assert set(info.fields) == {"pixels", "w"} and info.num_classes is None
+    got = read_arrays(store, "named", "train", np.array([3, 1]))
+    assert got["pixels"].dtype == np.uint8 and got["w"].dtype == np.float16
+    np.testing.assert_array_equal(got["pixels"], images[[3, 1]])
+
+
+def test_import_npz_without_splits_is_split_by_fraction(store: WeightStore, tmp_path: Path) -> None:
+    path = tmp_path / "table.npz"
+    np.savez(path, features=np.arange(100, dtype=np.float32).reshape(50, 2), target=np.arange(50.0))
+    info = import_npz(store, path, "table", test_fraction=0.2)
+    assert (info.n_train, info.n_test) == (40, 10)
+    train, test = (read_arrays(store, "table", s) for s in ("train", "test"))
+    # Every row lands in exactly one split, its fields together.
+    both = np.concatenate([train["target"], test["target"]])
+    assert sorted(both) == list(np.arange(50.0))
+    np.testing.assert_array_equal(train["features"][:, 0] / 2, train["target"])
+
+
+@pytest.mark.parametrize(
+    ("arrays", "match"),
+    [
+        (
+            {"x_train": np.zeros((2, 2)), "y_train": np.zeros(2, dtype=int), "x": np.zeros(1)},
+            "some arrays name a split and some do not \\(x\\)",
+        ),
+        (
+            {"x_train": np.zeros((2, 2)), "y_train": np.zeros(2, dtype=int)},
+            "no array for the test split; found x_train, y_train",
+        ),
+        ({"a": np.zeros(3), "b": np.zeros(4)}, "the arrays differ in rows \\(a 3, b 4\\)"),
+        ({"a": np.zeros(1)}, "cannot be split into non-empty train and test"),
+    ],
+)
+def test_import_npz_bad_layouts(
+    store: WeightStore, tmp_path: Path, arrays: dict[str, Any], match: str
+) -> None:
+    path = tmp_path / "set.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(DataError, match=match):
         import_npz(store, path, "bad")
+    assert list_datasets(store) == []
+
+
+def test_a_data_set_written_before_named_arrays_still_reads(store: WeightStore) -> None:
+    """Format 1: x_train, y_train, x_test, y_test at the group's top, n_train/n_test attributes."""
+    arrays = small()
+    group = store.open_group("datasets/old", mode="w")
+    for key, a in arrays.items():
+        group.create_array(key, data=np.asarray(a, dtype=np.float32 if key[0] == "x" else np.int64))
+    group.update_attributes(
+        {"name": "old", "num_classes": 5, "input_shape": [3, 4], "source": "v0.1",
+         "fingerprint": "sha256:abc", "n_train": 50, "n_test": 20, "complete": True}
+    )  # fmt: skip
+    info = open_dataset(store, "old")
+    assert (info.n_train, info.n_test, info.input_shape, info.num_classes) == (50, 20, (3, 4), 5)
+    assert info.fingerprint == "sha256:abc" and info.format == 1
+    x, y = read_rows(store, "old", "train", np.array([4, 2]))
+    np.testing.assert_array_equal(x, arrays["x_train"][[4, 2]])
+    np.testing.assert_array_equal(y, arrays["y_train"][[4, 2]])
 
 
 @pytest.mark.parametrize("content", [b"", b"not an npz at all", b"PK\x03\x04broken zip"])

@@ -35,7 +35,8 @@ from vcdl.errors import (
     RunNotFound,
 )
 from vcdl.ledger import HeadMoved, Ledger, Version, redact_url
-from vcdl.ledger_engine import LedgerEngine
+from vcdl.ledger.engine import LedgerEngine
+from vcdl.states import IllegalTransition
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -57,6 +58,9 @@ def new_run(ledger: Ledger, name: str = "r1", shards: int = 4) -> None:
 
 
 def merge(ledger: Ledger, name: str, attempt_id: str, expected_head: int) -> int:
+    # Only a result is merged: an attempt still running records its end first.
+    if ledger.get_attempt(attempt_id).state == "running":
+        ledger.finish_attempt(attempt_id, state="finished", result_uri=f"{name}/r-{attempt_id}")
     version = ledger.commit_merge(
         name,
         attempt_id,
@@ -425,7 +429,7 @@ def test_stale_expected_head_is_a_head_conflict(ledger: Ledger) -> None:
         merge(ledger, "a", second.id, 0)
     # Nothing changed: the caller re-reads the head and retries.
     assert ledger.get_run("a").head_version == 1
-    assert ledger.get_attempt(second.id).state == "running"
+    assert ledger.get_attempt(second.id).state == "finished"  # as before the refused merge
     assert ledger.subtasks("a", 0)[1].merged_version is None
     assert merge(ledger, "a", second.id, 1) == 2
     with pytest.raises(HeadConflict):
@@ -493,7 +497,7 @@ def test_unique_constraint_is_the_backstop(ledger: Ledger) -> None:
     with pytest.raises(LedgerError, match="other than at-most-once") as info:
         merge(ledger, "a", other.id, 0)
     assert not isinstance(info.value, AlreadyMerged)
-    assert ledger.get_attempt(other.id).state == "running"
+    assert ledger.get_attempt(other.id).state == "finished"  # as before the refused merge
 
 
 def test_commit_merge_checks_the_attempt(ledger: Ledger) -> None:
@@ -768,7 +772,7 @@ def test_driver_errors_are_scrubbed_of_the_password() -> None:
 
 
 def test_open_creates_the_schema_at_head(ledger: Ledger) -> None:
-    from vcdl.migrations import head_revision
+    from vcdl.ledger.migrations import head_revision
 
     with ledger._engine.connect() as conn:
         versions = conn.execute(text("SELECT version_num FROM alembic_version")).all()
@@ -794,7 +798,7 @@ def test_attempt_timings_are_recorded_and_summed(ledger: Ledger) -> None:
 def test_merge_path_errors_say_what_is_wrong(ledger: Ledger) -> None:
     """The merge path's calls explain a missing run, subtask, attempt or final state.
 
-    (On PostgreSQL these calls run on psycopg directly, vcdl.ledger_pg: the
+    (On PostgreSQL these calls run on psycopg directly, vcdl.ledger.pg: the
     explanations come from a second read there, from the same transaction on
     SQLite; the messages must not differ.)
     """
@@ -853,3 +857,69 @@ def test_merge_path_survives_a_server_hang_up(pg_url: str) -> None:
                 conn.execute(text("UPDATE run SET state = 'running' WHERE name = 'a'"))
                 assert conn.in_transaction()
         assert led.get_run("a").state == "running"
+
+
+# -- the lifecycle (vcdl.states) ---------------------------------------------------
+
+
+def test_illegal_moves_are_refused_naming_both_states(ledger: Ledger) -> None:
+    new_run(ledger, "a", shards=4)
+    sub0, sub1, sub2, _ = ledger.subtasks("a", 0)
+    assert sub0.id is not None and sub1.id is not None and sub2.id is not None
+    ledger.set_subtask_state(sub0.id, "failed", reason="budget spent")
+    with pytest.raises(IllegalTransition, match="'failed' to 'dropped'"):
+        ledger.set_subtask_state(sub0.id, "dropped")
+    deferred = ledger.set_subtask_state(sub1.id, "deferred", reason="late: quorum policy")
+    assert deferred.state == "deferred"
+    # Claimed again in a later epoch: running, then merged as usual.
+    again = ledger.start_attempt("a", 0, 1, "w1")
+    assert ledger.subtasks("a", 0)[1].state == "running"
+    merge(ledger, "a", again.id, 0)
+
+    attempt = ledger.start_attempt("a", 0, 2, "w1")
+    with pytest.raises(IllegalTransition, match="'running' to 'rejected'"):
+        ledger.finish_attempt(attempt.id, state="rejected", reason="NaN")  # no result yet
+    ledger.finish_attempt(attempt.id, state="finished", result_uri="a/r2")
+    ledger.finish_attempt(attempt.id, state="rejected", reason="NaN")
+    with pytest.raises(IllegalTransition, match="'rejected' to 'finished'"):
+        ledger.finish_attempt(attempt.id, state="finished")
+    assert ledger.get_attempt(attempt.id).state == "rejected"
+
+    with pytest.raises(IllegalTransition, match="'created' to 'completed'"):
+        ledger.update_run("a", state="completed")
+    assert ledger.get_run("a").state == "created"
+
+
+def test_only_a_result_is_merged_and_only_into_an_open_subtask(ledger: Ledger) -> None:
+    new_run(ledger, "a", shards=2)
+    running = ledger.start_attempt("a", 0, 0, "w1")
+    with pytest.raises(IllegalTransition, match="'running' to 'merged'"):
+        ledger.commit_merge(
+            "a", running.id, expected_head=0, uri="a/v1", checksum="c", alpha=0.5, staleness=0
+        )
+    failed_sub = ledger.subtasks("a", 0)[1]
+    assert failed_sub.id is not None
+    late = ledger.start_attempt("a", 0, 1, "w2")
+    ledger.finish_attempt(late.id, state="finished", result_uri="a/r")
+    ledger.set_subtask_state(failed_sub.id, "failed", reason="budget spent")
+    with pytest.raises(IllegalTransition, match="'failed' to 'merged'"):
+        ledger.commit_merge(
+            "a", late.id, expected_head=0, uri="a/v1", checksum="c", alpha=0.5, staleness=0
+        )
+    assert ledger.get_run("a").head_version == 0  # nothing moved
+
+
+def test_abandoning_an_attempt_that_already_ended_changes_nothing(ledger: Ledger) -> None:
+    new_run(ledger, "a", shards=2)
+    alive = ledger.start_attempt("a", 0, 0, "w1")
+    gone = ledger.abandon_attempt(alive.id, state="killed", reason="worker died")
+    assert gone is not None and (gone.state, gone.reason) == ("killed", "worker died")
+    done = ledger.start_attempt("a", 0, 1, "w2")
+    ledger.finish_attempt(done.id, state="finished", result_uri="a/r1")
+    # The driver's view was a moment old: the attempt recorded its result meanwhile.
+    assert ledger.abandon_attempt(done.id, state="timeout", reason="past its deadline") is None
+    assert ledger.get_attempt(done.id).state == "finished"
+    # A killed attempt that was alive after all still records its end.
+    assert ledger.finish_attempt(alive.id, state="finished").state == "finished"
+    with pytest.raises(LedgerError, match="killed or timeout"):
+        ledger.abandon_attempt(done.id, state="failed", reason="x")

@@ -25,9 +25,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.s3fixture import make_bucket, s3_bucket_url, s3_endpoint, s3_storage_options
-from vcdl import store_files, store_layout
 from vcdl.errors import IntegrityError, StoreError, StoreNotFoundError
-from vcdl.store import CHECKSUM_ALGORITHM, FORMAT, READABLE_FORMATS, WeightStore, open_store
+from vcdl.store import WeightStore, open_store
+from vcdl.store import files as store_files
+from vcdl.store import layout as store_layout
+from vcdl.store.layout import CHECKSUM_ALGORITHM, FORMAT, READABLE_FORMATS
 from vcdl.types import StateDict
 
 # Fixtures imported for their side effect (pytest finds them by name).

@@ -126,9 +126,9 @@ def test_train_deployment_summary_and_artifacts(trained: dict[str, Any], home: P
     assert progress.type == "progress" and float(progress.data) == 100.0
     ledger_acc = {h["epoch"]: h["test_accuracy"] for h in status["history"]}
     from vcdl.config import CostSection
-    from vcdl.cost import run_cost_report
+    from vcdl.views.cost import run_cost_report
 
-    cost = run_cost_report(vapi._ledger(home, None), RUN, CostSection())
+    cost = run_cost_report(vapi.existing_ledger(home), RUN, CostSection())
     for epoch in (0, 1):
         # Epoch e's table is published where its head is evaluated: in the
         # epoch e+1 subflow (overlapping its training), the last in the final one.
@@ -181,7 +181,7 @@ def test_retrain_skips_then_warm_starts(trained: dict[str, Any], api: Server, ho
     # 1. Same data as the parent's: skipped, Completed, nothing created.
     _, out = run(api, "vcdl-retrain/vcdl-retrain", {**params, "run_name": "e2e-same"})
     assert out is not None and out["state"] == "skipped" and out["run"] is None
-    assert all(r.name != "e2e-same" for r in vapi._ledger(home, None).list_runs())
+    assert all(r.name != "e2e-same" for r in vapi.existing_ledger(home).list_runs())
 
     # 2. New data: a new run whose v0 is the parent's head, bit for bit.
     store = open_store(str(home / "store"))
@@ -190,7 +190,7 @@ def test_retrain_skips_then_warm_starts(trained: dict[str, Any], api: Server, ho
     _, out = run(api, "vcdl-retrain/vcdl-retrain", p2)
     assert out is not None and out["state"] == "completed" and out["run"] == "e2e-r1"
     assert out["parent_run"] == RUN and out["parent_version"] == 4
-    ledger = vapi._ledger(home, None)
+    ledger = vapi.existing_ledger(home)
     parent_head = store.read_state(ledger.get_version(RUN, 4).uri)
     child_v0 = store.read_state(ledger.get_version("e2e-r1", 0).uri)
     assert parent_head.keys() == child_v0.keys()
@@ -214,7 +214,7 @@ def test_evaluate_deployment(trained: dict[str, Any], api: Server, home: Path) -
 
     _, out = run(api, "vcdl-evaluate/vcdl-evaluate", {"run": RUN, "version": 2, "home": str(home)})
     assert out is not None and out["version"] == 2 and out["samples"] == 400
-    evs = [e for e in vapi._ledger(home, None).evaluations(RUN) if e.version == 2]
+    evs = [e for e in vapi.existing_ledger(home).evaluations(RUN) if e.version == 2]
     assert any(e.accuracy == out["accuracy"] for e in evs)
 
 

@@ -1,4 +1,4 @@
-"""Workers of vcdl's LocalCluster train with the allocator tuned (vcdl/allocator.py).
+"""Workers of vcdl's LocalCluster train with the allocator tuned (vcdl/worker/allocator.py).
 
 A real cluster from :func:`flows.cluster.dask_cluster` (forkserver workers,
 Dask's default nanny environment with ``MALLOC_TRIM_THRESHOLD_``): a task

@@ -1,8 +1,9 @@
 """The quick paths of the benchmarks not covered elsewhere, run as a user runs them.
 
-``overhead.py``, ``time_to_accuracy.py`` and ``vc_vs_sequential.py`` have
-tests of their own; these run ``weights_io.py``, ``ledger.py``,
-``allocator.py`` and ``task_engine.py`` with ``--quick`` in a subprocess and
+``overhead.py`` and ``time_to_accuracy.py`` have tests of their own; these
+run ``weights_io.py``, ``ledger.py``, ``allocator.py``, ``task_engine.py``,
+``rules.py``, ``fleet.py`` and ``big_merge.py`` with ``--quick`` in a
+subprocess and
 check the one-line JSON summary each ends with. Timings are not asserted (a
 shared CI machine), only what a run must always show; the allocator's page
 faults per training step are not a timing and are asserted.
@@ -75,3 +76,39 @@ def test_task_engine_quick() -> None:
     for r in results.values():
         assert r["tasks"] == res["rounds"] * res["tasks"]
         assert r["submit_to_body_s"] > 0 and r["body_to_result_s"] > 0
+
+
+def test_rules_quick() -> None:
+    res = _run("rules.py")
+    assert res["benchmark"] == "rules"
+    (r,) = res["results"]
+    assert r["workload"] == "mnist1d" and r["metric"] == "accuracy" and r["epochs"] == 2
+    assert set(r["rows"]) == {"one process", "vc_asgd", "diloco"}
+    # Two epochs on 3 200 rows: every contender has learnt something (10 classes).
+    assert all(0.2 < row["median"] <= 1 and row["seconds"] > 0 for row in r["rows"].values())
+    assert r["rows"]["one process"]["gap"] == 0 and r["best_vc_asgd"] == "vc_asgd"
+    assert r["met"] == (r["rows"]["vc_asgd"]["gap"] <= r["target_gap"])
+
+
+def test_fleet_quick() -> None:
+    res = _run("fleet.py")
+    assert res["benchmark"] == "fleet"
+    (r,) = res["results"]
+    assert r["workers"] == 4 and r["merged"] == r["shards_per_epoch"] * r["epochs"]
+    # Simulated 2-s attempts: the training seconds are the sleeps, so most of
+    # the wall is training even on a busy CI machine.
+    assert 0.3 < r["utilization"] <= 1.0 and r["merges_per_s"] > 0
+    assert r["phases"]["train"] >= 2.0 and "assimilator_merge" in r["phases"]
+
+
+def test_big_merge_quick() -> None:
+    res = _run("big_merge.py")
+    assert res["benchmark"] == "big_merge"
+    (r,) = res["results"]
+    streamed, whole = r["rows"]["streamed"], r["rows"]["whole"]
+    assert streamed["gb_per_s"] > 0 and whole["gb_per_s"] > 0
+    # The whole result is never in the driver's memory: the head and the spare
+    # buffers are (2x), plus a few batches (and what malloc keeps of them: the
+    # full-size run measures ~2.3x); a whole-state merge holds 3x.
+    assert streamed["peak_over_model"] < whole["peak_over_model"]
+    assert 2.0 <= streamed["peak_over_model"] <= 3.0

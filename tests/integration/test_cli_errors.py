@@ -130,3 +130,30 @@ def test_a_closed_output_pipe_ends_quietly(tmp_path: Path) -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141, err
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("make", "args", "needle"),
+    [
+        (lambda p: p.write_bytes(b"tiny"), [], "make no rows"),
+        (lambda p: p.write_bytes(b"x" * 4000), ["--context", "0"], "context must be >= 1"),
+        (lambda p: p.write_bytes(b"not parquet"), ["--format", "table"], "not a readable"),
+        (lambda p: p.write_bytes(b"PK not a zip"), ["--format", "npz"], "cannot import"),
+        (lambda p: None, [], "no such file"),
+    ],
+    ids=["short-text", "bad-context", "junk-table", "junk-npz", "missing"],
+)
+def test_bad_imports_exit_2_and_write_nothing(
+    make: object, args: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "input.bin"
+    make(src)  # type: ignore[operator]
+    home = tmp_path / "home"
+    code, err = _run(
+        ["data", "import", str(src), "--name", "x", "--home", str(home), *args], capsys
+    )
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("vcdl: error: "), err
+    assert needle in lines[0], lines[0]
+    assert not (home / "store" / "datasets" / "x").exists()

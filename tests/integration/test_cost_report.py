@@ -1,4 +1,4 @@
-"""vcdl.cost.cost_report on a real SQLite ledger with a controlled clock.
+"""vcdl.views.cost.cost_report on a real SQLite ledger with a controlled clock.
 
 Every timestamp the ledger writes comes from ``vcdl.ledger.utcnow``; the test
 replaces it with a clock it advances by hand, so each attempt's wall time is
@@ -25,10 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from vcdl import ledger as ledger_module
-from vcdl.cost import PriceTable, cost_report, format_cost, load_prices
 from vcdl.errors import AlreadyMerged, ConfigError, RunNotFound
 from vcdl.ledger import Ledger
+from vcdl.ledger import models as ledger_models
+from vcdl.views.cost import cost_report, format_cost
+from vcdl.views.prices import PriceTable, load_prices
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 SMALL = 0.36 / 3600  # spot USD per second; on demand 1.0/h
@@ -50,7 +51,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     c = Clock()
-    monkeypatch.setattr(ledger_module, "utcnow", c)
+    monkeypatch.setattr(ledger_models, "utcnow", c)  # the clock every ledger write reads
     return c
 
 
@@ -117,6 +118,7 @@ def play(led: Ledger, clock: Clock, *, complete: bool = True) -> None:
     merge(g.id, 2100, 3)
     if complete:
         clock.at(2400)
+        led.update_run("r", state="running")
         led.update_run("r", state="completed", epochs_completed=2)
 
 
@@ -198,7 +200,8 @@ def test_run_cost_report_follows_the_runs_cost_section(
     ledger: Ledger, clock: Clock, prices: PriceTable, tmp_path: Path
 ) -> None:
     from vcdl.config import CostSection
-    from vcdl.cost import run_cost_report, run_prices
+    from vcdl.views.cost import run_cost_report
+    from vcdl.views.prices import run_prices
 
     play(ledger, clock)
     cost = CostSection(

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from vcdl.assimilator import HeadCache, head_cache, merge_attempt
-from vcdl.attempt import run_attempt
 from vcdl.config import RunConfig, parse_config
-from vcdl.runs import prepare_run
+from vcdl.driver.assimilator import merge_attempt
+from vcdl.driver.head_cache import HeadCache, head_cache
+from vcdl.driver.runs import prepare_run
 from vcdl.runtime import RunRef
 from vcdl.types import StateDict
+from vcdl.worker.attempt import run_attempt
 
 pytestmark = pytest.mark.timeout(120)
 

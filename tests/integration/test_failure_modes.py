@@ -1,4 +1,4 @@
-"""Each failure mode of DESIGN.md §3, provoked on a real SQLite ledger and Zarr store.
+"""Each failure mode of docs/design.md §3, provoked on a real SQLite ledger and Zarr store.
 
 No Prefect, no Dask: the worker side (run_attempt) and the merge side
 (merge_attempt) are called directly, which is where the guarantees live.
@@ -14,14 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from vcdl import preemption
-from vcdl.assimilator import merge_attempt
-from vcdl.attempt import OWN_MERGE_WAIT, run_attempt
 from vcdl.config import RunConfig, parse_config
+from vcdl.driver.assimilator import merge_attempt
+from vcdl.driver.runs import clean_orphans, prepare_run
 from vcdl.errors import IntegrityError, LeaseHeld
-from vcdl.report import audit_run
-from vcdl.runs import clean_orphans, prepare_run
-from vcdl.runtime import RunRef, checkpoint_path, result_path, versions_prefix
+from vcdl.runtime import RunRef
+from vcdl.store.paths import checkpoint_path, result_path, versions_prefix
+from vcdl.views.audit import audit_run
+from vcdl.worker import preemption
+from vcdl.worker.attempt import run_attempt
+from vcdl.worker.slots import OWN_MERGE_WAIT
 
 
 def make_run(tmp_path: Path, **merge: object) -> tuple[RunRef, RunConfig]:
@@ -101,7 +103,7 @@ def test_late_duplicate_is_recorded_never_merged(
     ref, cfg = make_run(tmp_path)
     first = run_attempt(ref, 0, 1, config=cfg)
     # A worker thought dead started before `first` finished, and comes back late.
-    monkeypatch.setattr("vcdl.attempt._unmerged_result", lambda *args: None)
+    monkeypatch.setattr("vcdl.worker.attempt._unmerged_result", lambda *args: None)
     late = run_attempt(ref, 0, 1, config=cfg)
     monkeypatch.undo()
     assert merge_attempt(ref, str(first.attempt_id), cfg).kind == "merged"

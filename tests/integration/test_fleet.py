@@ -457,7 +457,7 @@ def test_fleet_run_survives_a_lost_worker(
         options = {"endpoint_url": s3_endpoint, "key": S3_KEY, "secret": S3_SECRET}
         group = zarr.open_group(f"{store_url}/{head.uri}", mode="r", storage_options=options)
         # vcdl's record: tensor name -> its dtype's flat array, offset, shape
-        # (store format 2, vcdl/store_layout.py).
+        # (store format 2, vcdl/store/layout.py).
         meta: Any = group.attrs["vcdl"]
         records: dict[str, Any] = meta["tensors"]
         arrays = dict(group.arrays())

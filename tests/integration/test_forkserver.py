@@ -1,4 +1,4 @@
-"""LocalCluster workers forked from the preloaded server (flows/forkserver.py).
+"""LocalCluster workers forked from the preloaded server (flows/workarounds/forkserver.py).
 
 A real cluster from :func:`flows.cluster.dask_cluster`: the workers must
 report to the flow's Prefect API (not start their own server) with the

@@ -23,12 +23,11 @@ from sqlalchemy import Engine, create_engine, inspect, text
 from sqlalchemy.engine import make_url
 from sqlmodel import Session, SQLModel
 
-import vcdl.migrations as migrations
+import vcdl.ledger.migrations as migrations
 from vcdl.errors import LedgerError
-from vcdl.ledger import Ledger, Run
-from vcdl.ledger_models import utcnow
-from vcdl.migrations import INITIAL_REVISION, LEDGER_TABLES, alembic_config, head_revision
-from vcdl.migrations.__main__ import _next_rev_id, main
+from vcdl.ledger import Ledger, Run, utcnow
+from vcdl.ledger.migrations import INITIAL_REVISION, LEDGER_TABLES, alembic_config, head_revision
+from vcdl.ledger.migrations.__main__ import _next_rev_id, main
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -182,3 +181,39 @@ def test_migrations_helper_on_a_ledger(db_url: str, capsys: pytest.CaptureFixtur
     assert capsys.readouterr().out.strip().endswith(head_revision())
     assert main(["upgrade", "--url", db_url, "--sql"]) == 0
     assert "CREATE TABLE run" in capsys.readouterr().out
+
+
+def test_quorum_deferred_subtasks_become_the_deferred_state(engine: Engine, db_url: str) -> None:
+    """0005: a subtask a quorum left "pending" with the reason "deferred" is "deferred" now."""
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), "0004")
+    Ledger(db_url).close()  # nothing to deferred yet: an empty ledger upgrades cleanly
+    with engine.begin() as conn:
+        command.downgrade(alembic_config(conn), "0004")
+        conn.execute(
+            text(
+                "INSERT INTO run (name, config, state, head_version, epochs_completed, "
+                "created_at, updated_at) VALUES ('r', '{}', 'running', 0, 1, :t, :t)"
+            ),
+            {"t": utcnow()},
+        )
+        for shard, (state, reason) in enumerate(
+            [("pending", "deferred"), ("pending", None), ("merged", None), ("running", "deferred")]
+        ):
+            conn.execute(
+                text(
+                    "INSERT INTO subtask (run, epoch, shard, state, attempts, reason) "
+                    "VALUES ('r', 0, :shard, :state, 0, :reason)"
+                ),
+                {"shard": shard, "state": state, "reason": reason},
+            )
+    with Ledger(db_url) as ledger:
+        states = [(s.state, s.reason) for s in ledger.subtasks("r", 0)]
+    # Only the quorum's own form moves; a deferred subtask already claimed again
+    # ("running") is an open subtask of an earlier epoch, which the driver takes up.
+    assert states == [
+        ("deferred", "deferred"),
+        ("pending", None),
+        ("merged", None),
+        ("running", "deferred"),
+    ]

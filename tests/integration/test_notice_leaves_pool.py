@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 from distributed import Client, LocalCluster, get_worker
 
-from vcdl import preemption
-from vcdl.preemption import PreemptionPlugin
+from vcdl.worker import preemption
+from vcdl.worker.preemption import PreemptionPlugin
 
 pytestmark = pytest.mark.timeout(120)
 

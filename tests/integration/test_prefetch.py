@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 from tests.integration.test_failure_modes import make_run
-from vcdl.attempt import load_shard, run_attempt
 from vcdl.runtime import RunRef
 from vcdl.types import StateDict
+from vcdl.worker.attempt import load_shard, run_attempt
 
 
 def _result(ref: RunRef, attempt_id: str | None) -> StateDict:
@@ -30,7 +30,7 @@ def test_read_ahead_trains_the_same_result(tmp_path: Path) -> None:
 
     read_itself = run_attempt(own, 0, 1, config=cfg)
     data = load_shard(ahead, 0, 1, cfg_ahead)
-    assert data.key == (ahead.run, 0, 1) and len(data.x) == len(data.y) > 0
+    assert data.key == (ahead.run, 0, 1) and len(data.arrays["x"]) == len(data.arrays["y"]) > 0
     read_ahead = run_attempt(ahead, 0, 1, config=cfg_ahead, data=data)
 
     assert "data" in read_itself.timings and "data_ahead" not in read_itself.timings
@@ -47,4 +47,4 @@ def test_rows_of_another_subtask_are_not_used(tmp_path: Path) -> None:
     out = run_attempt(ref, 0, 1, config=cfg, data=wrong)
     # It read shard 1's rows itself: the samples are shard 1's.
     assert "data" in out.timings and "data_ahead" not in out.timings
-    assert out.samples == len(load_shard(ref, 0, 1, cfg).x) * cfg.train.local_epochs
+    assert out.samples == len(load_shard(ref, 0, 1, cfg).arrays["x"]) * cfg.train.local_epochs

@@ -8,7 +8,7 @@ import pytest
 
 from vcdl import api
 from vcdl.config import RunConfig, parse_config
-from vcdl.report import audit_run
+from vcdl.views.audit import audit_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -18,21 +18,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from vcdl.assimilator import merge_attempt
-from vcdl.attempt import attempt_seed, load_shard, run_attempt
 from vcdl.config import RunConfig, parse_config
+from vcdl.driver.assimilator import merge_attempt
+from vcdl.driver.runs import prepare_run
 from vcdl.ledger import Attempt
-from vcdl.runs import prepare_run
 from vcdl.runtime import RunRef
-from vcdl.train import train_attempt
+from vcdl.worker.attempt import attempt_seed, load_shard, run_attempt
+from vcdl.worker.loop import train_attempt
 
 pytestmark = pytest.mark.timeout(120)
 
 WORKER = """
 import sys
-from vcdl.attempt import attempt_seed, load_shard, run_attempt
+from vcdl.worker.attempt import attempt_seed, load_shard, run_attempt
 from vcdl.runtime import RunRef
-from vcdl.train import train_attempt
+from vcdl.worker.loop import train_attempt
 run_attempt(RunRef.model_validate_json(sys.argv[1]), 0, 0)
 """
 
@@ -104,10 +104,10 @@ def test_replacement_resumes_from_the_last_checkpoint(tmp_path: Path) -> None:
     expected = train_attempt(
         data.model,
         checkpoint,
-        data.x,
-        data.y,
+        data.arrays,
         cfg.train,
         seed=attempt_seed(cfg.run.seed, 0, 0),
+        objective=data.objective,
         start_samples=killed.samples,
     )
     assert new.result_uri is not None
@@ -156,8 +156,8 @@ def test_slow_checkpoint_writes_overlap_training_and_leave_nothing_behind(
 ) -> None:
     # A store that takes 0.25 s per checkpoint (a big model on S3, scaled
     # down). Written in line, every write would stop the training loop.
-    from vcdl.checkpoints import CheckpointWriter
     from vcdl.store import WeightStore
+    from vcdl.worker.checkpoints import CheckpointWriter
 
     spent: list[float] = []
     plain = WeightStore.write_state
@@ -203,11 +203,11 @@ def test_failed_checkpoint_writes_reach_the_ledger_and_the_status(
 ) -> None:
     # A store that refuses every checkpoint (a full disk, a revoked S3 key):
     # training goes on, and the run's status says that kills now cost more.
-    from vcdl.checkpoints import FAILURES_KEY
     from vcdl.cli import _print_summary
     from vcdl.ledger import attempt_timings
-    from vcdl.report import phase_means, run_status
     from vcdl.store import WeightStore
+    from vcdl.views.status import phase_means, run_status
+    from vcdl.worker.checkpoints import FAILURES_KEY
 
     plain = WeightStore.write_state
 
@@ -236,7 +236,7 @@ def test_failed_checkpoint_writes_reach_the_ledger_and_the_status(
 
 
 def test_a_worker_carries_its_optimizer_between_attempts_when_asked(tmp_path: Path) -> None:
-    from vcdl import attempt as attempt_module
+    from vcdl.worker import attempt as attempt_module
 
     cfg = parse_config(
         {

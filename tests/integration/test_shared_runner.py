@@ -11,7 +11,7 @@ import pytest
 from prefect import flow, task
 from prefect_dask import DaskTaskRunner
 
-from flows.cluster import SharedClientRunner, shared_task_runner
+from flows.workarounds.shared_runner import SharedClientRunner, shared_task_runner
 from tests.daskfixture import local_cluster
 
 
@@ -143,8 +143,8 @@ def test_a_worker_builds_prefects_settings_once_from_the_flows_and_its_own_env()
 @pytest.mark.usefixtures("prefect_api")
 def test_the_epoch_driver_asks_the_runs_client(tmp_path: Path) -> None:
     """Its client is how the driver learns when a killed attempt's worker died."""
-    from flows.cluster import run_dask_client
-    from flows.epoch import EpochDriver
+    from flows.epoch import EpochExecutor
+    from flows.workarounds.shared_runner import run_dask_client
     from tests.integration.test_failure_modes import make_run
 
     ref, cfg = make_run(tmp_path)
@@ -154,6 +154,6 @@ def test_the_epoch_driver_asks_the_runs_client(tmp_path: Path) -> None:
 
         @flow
         def drive() -> bool:
-            return EpochDriver(ref, cfg, 0, final=True).dask_client is runner.client
+            return EpochExecutor(ref, cfg, 0, final=True).dask_client is runner.client
 
         assert drive.with_options(task_runner=runner)()  # type: ignore[arg-type]

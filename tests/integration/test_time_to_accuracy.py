@@ -20,7 +20,7 @@ import pytest
 
 from benchmarks.time_to_accuracy import QUICK, run_benchmark, summary_line
 from tests.logrecords import RecordingHandler
-from vcdl.allocator import TUNED_ENV
+from vcdl.worker.allocator import TUNED_ENV
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(1200)]
 

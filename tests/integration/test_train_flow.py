@@ -12,14 +12,9 @@ from vcdl import api
 from vcdl.config import RunConfig, parse_config
 from vcdl.data import open_dataset, read_rows
 from vcdl.models import build_model
-from vcdl.report import audit_run
-from vcdl.runtime import (
-    checkpoint_path,
-    open_store,
-    result_path,
-    results_prefix,
-    versions_prefix,
-)
+from vcdl.runtime import open_store
+from vcdl.store.paths import checkpoint_path, result_path, results_prefix, versions_prefix
+from vcdl.views.audit import audit_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -78,8 +73,8 @@ def test_run_completes_with_history(trained: dict[str, Any]) -> None:
 
 
 def test_each_epoch_acts_only_after_the_previous_barrier(trained: dict[str, Any]) -> None:
-    # flows/pipeline.py starts epoch e+1's subflow during e's last results;
-    # its attempts must still start after e's last merge (DESIGN.md's barrier).
+    # flows/workarounds/pipeline.py starts epoch e+1's subflow during e's last results;
+    # its attempts must still start after e's last merge (docs/design.md's barrier).
     ledger = api.run_ref("it-run", home=trained["home"]).ledger()
     last_merge = max(v.created_at for v in ledger.versions("it-run") if v.epoch == 0)
     first_claim = min(a.started_at for a in ledger.attempts("it-run", 1))
@@ -118,7 +113,7 @@ def test_audit_is_clean(trained: dict[str, Any]) -> None:
 def test_export_loads_with_plain_torch(
     trained: dict[str, Any], suffix: str, tmp_path: Path
 ) -> None:
-    from vcdl.runs import export_version
+    from vcdl.driver.runs import export_version
 
     ref = api.run_ref("it-run", home=trained["home"])
     _, out = export_version(ref, tmp_path / f"model{suffix}")

@@ -11,7 +11,7 @@ import os
 import signal
 import time
 
-from flows.watchdog import ClusterWatchdog
+from flows.workarounds.watchdog import ClusterWatchdog
 from tests.daskfixture import local_cluster, wait_until
 
 

@@ -1,4 +1,4 @@
-"""vcdl.allocator: glibc thresholds that keep tensor allocations off the mmap path.
+"""vcdl.worker.allocator: glibc thresholds that keep tensor allocations off the mmap path.
 
 Each case runs in a fresh interpreter started with Dask's worker environment
 (``MALLOC_TRIM_THRESHOLD_=65536``) and counts minor page faults while it
@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from vcdl.allocator import tune_allocator
+from vcdl.worker.allocator import tune_allocator
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="glibc's mallopt is Linux-only"
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(
 PROBE = r"""
 import json, resource, sys
 import numpy as np
-from vcdl.allocator import tune_allocator
+from vcdl.worker.allocator import tune_allocator
 
 def faults_per_cycle(cycles=40):
     for _ in range(3):

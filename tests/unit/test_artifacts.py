@@ -6,18 +6,17 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from vcdl.artifacts import (
+from vcdl.driver.retrain import latest_descendant, pick_version, retrain_decision
+from vcdl.ledger import Attempt, Evaluation, Run, Subtask, Version
+from vcdl.views.artifacts import (
     artifact_key,
     epoch_metrics,
-    latest_descendant,
-    pick_version,
     png_data_uri,
     progress_percent,
     progress_png,
-    retrain_decision,
     summary_markdown,
 )
-from vcdl.ledger import Attempt, Evaluation, Run, Subtask, Version
+from vcdl.views.epochs import epoch_views
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -55,7 +54,8 @@ def test_epoch_metrics_from_ledger_rows() -> None:
         Evaluation(run="r", version=2, epoch=0, split="train", accuracy=0.9, loss=0.1,
                    samples=10, created_at=T0),
     ]  # fmt: skip
-    rows = epoch_metrics(subtasks, attempts, versions, evals, started=T0)
+    views = epoch_views(subtasks, attempts, versions, evals)
+    rows = epoch_metrics(views, started=T0)
     assert rows[0] == {
         "epoch": 0,
         "accuracy": 0.5,
@@ -73,15 +73,9 @@ def test_epoch_metrics_from_ledger_rows() -> None:
     assert "cost_usd" not in rows[0]
 
     history = [{"epoch": 0, "total_usd": 0.0123456, "waste_usd": 0.001}]
-    priced = epoch_metrics(subtasks, attempts, versions, evals, started=T0, costs=history)
+    priced = epoch_metrics(views, started=T0, costs=history)
     assert (priced[0]["cost_usd"], priced[0]["waste_usd"]) == (0.0123, 0.001)
-    tiny = epoch_metrics(
-        subtasks,
-        attempts,
-        versions,
-        evals,
-        costs=[{"epoch": 0, "total_usd": 6.854e-06, "waste_usd": 0.0}],
-    )
+    tiny = epoch_metrics(views, costs=[{"epoch": 0, "total_usd": 6.854e-06, "waste_usd": 0.0}])
     assert (tiny[0]["cost_usd"], tiny[0]["waste_usd"]) == (6.85e-06, 0.0)
     assert (priced[1]["cost_usd"], priced[1]["waste_usd"]) == (None, None)  # not priced yet
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from flows.cluster import BENIGN_INFO_LOGGERS, quiet_benign_logs
+from flows.workarounds.dask_logs import BENIGN_INFO_LOGGERS, quiet_benign_logs
 
 
 @pytest.fixture

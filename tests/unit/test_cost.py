@@ -1,4 +1,4 @@
-"""Unit tests for vcdl.cost: price tables, attempt cost, the cost summary."""
+"""Unit tests for vcdl.views.cost: price tables, attempt cost, the cost summary."""
 
 from __future__ import annotations
 
@@ -12,23 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vcdl.cost import (
-    PriceTable,
-    attempt_cost,
-    attempt_seconds,
-    cost_summary,
-    default_prices,
-    format_cost,
-    instance_for,
-    load_prices,
-    outcome,
-    parse_prices,
-    salvaged_attempts,
-    training_seconds,
-    useful_training_seconds,
-)
 from vcdl.errors import ConfigError
-from vcdl.ledger import ATTEMPT_STATES, Attempt
+from vcdl.ledger import Attempt
+from vcdl.states import ATTEMPT_STATES
+from vcdl.views.cost import attempt_cost, attempt_seconds, cost_summary, format_cost, outcome
+from vcdl.views.goodput import salvaged_attempts, training_seconds, useful_training_seconds
+from vcdl.views.prices import PriceTable, default_prices, instance_for, load_prices, parse_prices
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 PROPS = settings(max_examples=60, deadline=None)
@@ -202,7 +191,7 @@ def test_every_attempt_state_has_an_outcome() -> None:
         assert outcome(state, run_ended=False) in ("useful", "waste", "pending")
     assert outcome("merged", True) == "useful"
     assert outcome("finished", False) == "pending" and outcome("finished", True) == "waste"
-    for state in ("killed", "timeout", "rejected", "duplicate", "failed", "stale"):
+    for state in ("killed", "timeout", "rejected", "duplicate", "failed"):
         assert outcome(state, False) == "waste"
 
 

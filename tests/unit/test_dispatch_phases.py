@@ -1,10 +1,10 @@
-"""flows.epoch.dispatch_phases: where an attempt's time outside its body went."""
+"""vcdl.driver.dispatch.dispatch_phases: where an attempt's time outside its body went."""
 
 from __future__ import annotations
 
 import pytest
 
-from flows.epoch import dispatch_phases
+from vcdl.driver.dispatch import dispatch_phases
 
 
 def clock(**marks: float | None) -> dict[str, float | None]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from prefect.settings import get_current_settings
 
-from flows.train import EPOCH_RUN_NAME, epoch_heartbeats_off
+from flows.train import EPOCH_RUN_NAME
+from flows.workarounds.heartbeats import epoch_heartbeats_off
 from vcdl.runtime import RunRef
 
 

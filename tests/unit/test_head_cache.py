@@ -13,8 +13,10 @@ from pathlib import Path
 
 import torch
 
-from vcdl.assimilator import HeadCache
+from vcdl.config import MergeSection
+from vcdl.driver.head_cache import HeadCache
 from vcdl.merge import vc_asgd
+from vcdl.merge.rules import Applied, merge_rule
 from vcdl.types import StateDict
 
 
@@ -33,6 +35,15 @@ def ptrs(s: StateDict) -> set[int]:
     return {t.data_ptr() for t in s.values()}
 
 
+VC_ASGD = merge_rule(MergeSection(rule="vc_asgd"))
+DELTA = merge_rule(MergeSection(rule="delta"))
+
+
+def weights(out: Applied | str) -> StateDict:
+    assert not isinstance(out, str), out
+    return out.weights
+
+
 def copy(s: StateDict) -> StateDict:
     return {k: t.clone() for k, t in s.items()}
 
@@ -41,8 +52,7 @@ def chain(cache: HeadCache, result: StateDict, steps: int) -> list[StateDict]:
     made = []
     for _ in range(steps):
         assert cache.state is not None and cache.number is not None
-        new = cache.merge(cache.state, result, 0.5)
-        assert isinstance(new, dict)
+        new = weights(cache.merge(VC_ASGD, cache.state, result, 0.5))
         cache.put(cache.number + 1, new, owned=True)
         made.append(new)
     return made
@@ -106,8 +116,8 @@ def test_a_spare_of_another_shape_is_not_used() -> None:
     cache = HeadCache()
     cache.put(0, {"w": torch.zeros(5), "n": torch.tensor(0)}, owned=True)
     cache.put(1, state(1.0), owned=True)  # the 5-element state becomes the spare
-    new = cache.merge(state(1.0), state(3.0), 0.5)
-    assert isinstance(new, dict) and new["w"].shape == (3, 2)
+    new = weights(cache.merge(VC_ASGD, state(1.0), state(3.0), 0.5))
+    assert new["w"].shape == (3, 2)
 
 
 def test_a_rejected_result_keeps_the_spare() -> None:
@@ -118,7 +128,7 @@ def test_a_rejected_result_keeps_the_spare() -> None:
     bad = state(2.0)
     bad["w"][0, 0] = float("nan")
     assert cache.state is not None
-    reason = cache.merge(cache.state, bad, 0.5)
+    reason = cache.merge(VC_ASGD, cache.state, bad, 0.5)
     assert isinstance(reason, str) and "NaN" in reason
     (v2,) = chain(cache, state(2.0), 1)
     assert ptrs(v2) == ptrs(v0)  # the spare survived the rejection
@@ -157,16 +167,15 @@ def test_a_delta_merge_never_writes_into_its_base() -> None:
     (v1,) = chain(cache, state(8.0), 1)
     result = state(2.0)
     # The spare is v0's memory (keep=0); with v0 as the base it must not be written.
-    new = cache.merge(v1, result, 0.5, base=v0)
-    assert isinstance(new, dict)
+    new = weights(cache.merge(DELTA, v1, result, 0.5, base=v0))
     assert ptrs(new).isdisjoint(ptrs(v0))
     assert torch.equal(v0["w"], torch.zeros(3, 2))
     assert torch.equal(new["w"], torch.full((3, 2), 5.0))  # 4 + 0.5 * (2 - 0)
 
 
 def test_the_driver_keeps_one_cache_per_run_across_epochs(tmp_path: Path) -> None:
-    from vcdl.assimilator import forget_run_cache, run_head_cache
     from vcdl.config import parse_config
+    from vcdl.driver.head_cache import forget_run_cache, run_head_cache
     from vcdl.runtime import RunRef
 
     cfg = parse_config({"run": {"name": "r"}}).with_locations(tmp_path)

@@ -1,4 +1,4 @@
-"""Property tests for the delta rule (vcdl.merge_delta) against a float64 reference."""
+"""Property tests for the delta rule (vcdl.merge.delta) against a float64 reference."""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ from tests.unit.test_merge import (
     state_lists,
 )
 from vcdl.errors import MergeError
-from vcdl.merge import average, validate_result, vc_asgd
-from vcdl.merge_delta import delta, validated_delta
+from vcdl.merge import average, delta, validate_result, validated_delta, vc_asgd
 from vcdl.types import StateDict
 
 triples = state_lists(n=3)

@@ -80,7 +80,7 @@ def test_cnn1d_accepts_rows_with_or_without_channel() -> None:
 
 
 def test_builtins_listed_and_resolvable() -> None:
-    assert set(BUILTIN_MODELS) == {"mlp", "cnn1d", "cnn2d", "resnet"}
+    assert set(BUILTIN_MODELS) == {"mlp", "cnn1d", "cnn2d", "resnet", "gpt"}
     for name, path in BUILTIN_MODELS.items():
         assert resolve_factory(name) is resolve_factory(path)
 
@@ -151,7 +151,11 @@ def test_data_set_values_not_passed_when_not_accepted() -> None:
 @pytest.mark.parametrize(
     ("factory", "kwargs", "match"),
     [
-        ("nonsense", None, r"neither a built-in \(mlp, cnn1d, cnn2d, resnet\) nor an import path"),
+        (
+            "nonsense",
+            None,
+            r"neither a built-in \(mlp, cnn1d, cnn2d, resnet, gpt\) nor an import path",
+        ),
         ("pkg.module", None, "nor an import path 'package.module:function'"),
         (":fn", None, "nor an import path"),
         ("pkg.module:", None, "nor an import path"),

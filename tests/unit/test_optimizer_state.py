@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vcdl.config import TrainSection
-from vcdl.train import carry, make_optimizer, snapshot, train_attempt
+from vcdl.worker.loop import carry, make_optimizer, snapshot, train_attempt
 
 
 def _data(n: int = 64, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -44,16 +44,16 @@ def _reference(base: dict[str, torch.Tensor], x: np.ndarray, y: np.ndarray, seed
 def test_two_carried_attempts_equal_one_optimizer_over_both() -> None:
     x, y = _data()
     base = snapshot(_model())
-    first = train_attempt(_model(), base, x, y, CFG, seed=1)
+    first = train_attempt(_model(), base, {"x": x, "y": y}, CFG, seed=1)
     assert first.optimizer_state is not None
     second = train_attempt(
-        _model(), first.state, x, y, CFG, seed=2, optimizer_state=first.optimizer_state
+        _model(), first.state, {"x": x, "y": y}, CFG, seed=2, optimizer_state=first.optimizer_state
     )
     want = _reference(base, x, y, [1, 2])
     for k, v in want.items():
         torch.testing.assert_close(second.state[k], v)
     # A fresh optimizer for the second attempt is a different trajectory.
-    fresh = train_attempt(_model(), first.state, x, y, CFG, seed=2)
+    fresh = train_attempt(_model(), first.state, {"x": x, "y": y}, CFG, seed=2)
     assert not all(torch.equal(fresh.state[k], second.state[k]) for k in want)
 
 
@@ -65,11 +65,13 @@ def test_a_state_that_does_not_fit_is_ignored(caplog: pytest.LogCaptureFixture) 
     opt.step()
     alien = opt.state_dict()  # the same number of tensors, other shapes
     base = snapshot(_model())
-    with caplog.at_level("WARNING", logger="vcdl.train"):
-        carried = train_attempt(_model(), base, x, y, CFG, seed=1, optimizer_state=alien)
+    with caplog.at_level("WARNING", logger="vcdl.worker.loop"):
+        carried = train_attempt(
+            _model(), base, {"x": x, "y": y}, CFG, seed=1, optimizer_state=alien
+        )
     assert "does not fit" in caplog.text  # said on the worker, not silently dropped
     caplog.clear()
-    fresh = train_attempt(_model(), base, x, y, CFG, seed=1)
+    fresh = train_attempt(_model(), base, {"x": x, "y": y}, CFG, seed=1)
     assert "does not fit" not in caplog.text
     for k in base:
         assert torch.equal(carried.state[k], fresh.state[k])

@@ -1,4 +1,4 @@
-"""flows/pipeline.py: epochs in order, the next one set up during the current one's tail."""
+"""flows.workarounds.pipeline: epochs in order, the next one set up in the current one's tail."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from flows.pipeline import EpochGate, RunStopping, current_gate, run_epochs
+from flows.workarounds.pipeline import EpochGate, RunStopping, current_gate, run_epochs
 
 CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("caller", default="unset")
 

@@ -1,4 +1,4 @@
-"""vcdl.report.phase_means: the per-attempt overhead breakdown of `vcdl status`."""
+"""vcdl.views.status.phase_means: the per-attempt overhead breakdown of `vcdl status`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from vcdl.ledger import Attempt
-from vcdl.report import phase_means
+from vcdl.views.status import phase_means
 
 
 def _attempt(state: str, timings: dict[str, float] | None) -> Attempt:
@@ -37,8 +37,8 @@ def test_unreadable_timings_are_no_breakdown() -> None:
 
 
 def test_checkpoint_failures_are_counted_not_averaged_as_a_phase() -> None:
-    from vcdl.checkpoints import FAILURES_KEY
-    from vcdl.report import checkpoint_failures
+    from vcdl.views.status import checkpoint_failures
+    from vcdl.worker.checkpoints import FAILURES_KEY
 
     attempts = [
         _attempt("merged", {"train": 4.0, FAILURES_KEY: 2.0}),

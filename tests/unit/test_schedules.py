@@ -1,4 +1,4 @@
-"""Tests for vcdl.schedules: end points, formulas, monotonicity, errors."""
+"""Tests for vcdl.merge.schedules: end points, formulas, monotonicity, errors."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from vcdl.errors import ConfigError
-from vcdl.schedules import SCHEDULES, alpha_schedule
+from vcdl.merge import SCHEDULES, alpha_schedule
 
 PROPS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

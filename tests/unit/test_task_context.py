@@ -1,4 +1,4 @@
-"""flows.task_context: Prefect's settings built once per worker process and distinct dict."""
+"""flows.workarounds.task_settings: Prefect's settings built once per worker and distinct dict."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prefect.context import SyncClientContext
 
-from flows import task_context
-from flows.task_context import built_settings, run_with_settings, settings_key
+from flows.workarounds import task_settings as task_context
+from flows.workarounds.task_settings import built_settings, run_with_settings, settings_key
 
 _values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=8),

@@ -1,4 +1,4 @@
-"""vcdl.train.train_attempt's checkpoints and resumption, in memory.
+"""vcdl.worker.loop.train_attempt's checkpoints and resumption, in memory.
 
 With plain SGD (no momentum) the optimizer has no state, so training resumed
 from a checkpoint must end exactly where the uninterrupted attempt ends: the
@@ -13,8 +13,8 @@ import torch
 
 from vcdl.config import TrainSection
 from vcdl.models import mlp
-from vcdl.train import train_attempt
 from vcdl.types import StateDict
+from vcdl.worker.loop import train_attempt
 
 torch.set_num_threads(1)
 
@@ -48,12 +48,14 @@ def test_resumed_sgd_ends_where_the_uninterrupted_attempt_ends(at: int) -> None:
         taken.append(({k: v.clone() for k, v in state.items()}, samples, seconds))
 
     # checkpoint_seconds=0: a checkpoint after every batch (12 per local epoch).
-    full = train_attempt(model(), initial(), x, y, c, seed=7, checkpoint=keep, checkpoint_seconds=0)
+    full = train_attempt(
+        model(), initial(), {"x": x, "y": y}, c, seed=7, checkpoint=keep, checkpoint_seconds=0
+    )
     assert full.samples == full.planned_samples == 230 * 3
     assert [s for _, s, _ in taken] == sorted({s for _, s, _ in taken})
     state, samples, seconds = taken[at - 1]
     assert seconds >= 0
-    resumed = train_attempt(model(), state, x, y, c, seed=7, start_samples=samples)
+    resumed = train_attempt(model(), state, {"x": x, "y": y}, c, seed=7, start_samples=samples)
     assert resumed.samples == full.samples and resumed.planned_samples == full.planned_samples
     for k in full.state:
         torch.testing.assert_close(resumed.state[k], full.state[k], rtol=0, atol=0)
@@ -65,8 +67,7 @@ def test_checkpoints_come_at_the_configured_interval() -> None:
     train_attempt(
         model(),
         initial(),
-        x,
-        y,
+        {"x": x, "y": y},
         cfg(),
         seed=1,
         checkpoint=lambda s, n, t: calls.append(n),
@@ -74,7 +75,12 @@ def test_checkpoints_come_at_the_configured_interval() -> None:
     )
     assert calls == []  # none within an hour
     train_attempt(
-        model(), initial(), x, y, cfg(), seed=1, checkpoint=lambda s, n, t: calls.append(n)
+        model(),
+        initial(),
+        {"x": x, "y": y},
+        cfg(),
+        seed=1,
+        checkpoint=lambda s, n, t: calls.append(n),
     )
     assert calls == []  # no interval, no checkpoints
 
@@ -86,8 +92,7 @@ def test_checkpoint_time_is_not_training_time() -> None:
     slow = train_attempt(
         model(),
         initial(),
-        x,
-        y,
+        {"x": x, "y": y},
         cfg(local_epochs=1),
         seed=1,
         checkpoint=lambda s, n, t: time.sleep(0.05),
@@ -99,7 +104,7 @@ def test_checkpoint_time_is_not_training_time() -> None:
 
 def test_resuming_at_the_end_trains_nothing() -> None:
     x, y = data()
-    out = train_attempt(model(), initial(), x, y, cfg(), seed=3, start_samples=230 * 3)
+    out = train_attempt(model(), initial(), {"x": x, "y": y}, cfg(), seed=3, start_samples=230 * 3)
     assert out.samples == 230 * 3 and out.train_seconds < 0.05
     for k, v in initial().items():
         torch.testing.assert_close(out.state[k], v, rtol=0, atol=0)
@@ -109,4 +114,4 @@ def test_resuming_at_the_end_trains_nothing() -> None:
 def test_start_beyond_the_plan_is_refused(bad: int) -> None:
     x, y = data()
     with pytest.raises(ValueError, match="start_samples"):
-        train_attempt(model(), initial(), x, y, cfg(), seed=3, start_samples=bad)
+        train_attempt(model(), initial(), {"x": x, "y": y}, cfg(), seed=3, start_samples=bad)

@@ -1,0 +1,261 @@
+"""Merges of big models: throughput and the driver's memory, streamed against whole-state.
+
+For a model of ``--params`` parameters (default 100M and 1B; float32 in
+tensors of 4096 x 4096 with a bias and an int64 counter each, as in a
+transformer's layers), writes a head and a result version to a local
+store, then merges the result into the head in a fresh subprocess per
+contender, measuring the merge pipeline (read the result, merge, write the
+version) and the process's peak resident memory above its baseline (the
+process after imports, before the head is read: what a driver holds without
+a model):
+
+* ``streamed`` -- what the assimilator does (``vcdl.driver.streamed``): the
+  head in memory (the driver's HeadCache), the result read 64 MiB of tensors
+  at a time while earlier batches are merged into the spare buffers and
+  written, the three stages overlapped;
+* ``whole`` -- the assimilator before: ``read_state`` of the whole result,
+  the rule's merge into the spare buffers, ``write_state``.
+
+The spare buffers (the next head) are allocated and touched before the
+clock starts, as the driver's cache holds them after its first merges.
+Local files go through the page cache (no fsync). Rule ``vc_asgd``, no norm
+bound (the defaults). Merging runs on one torch thread, as in the driver.
+
+Targets (issue 33): the pipeline >= 1 GB/s of model bytes at 100M
+parameters; peak memory <= baseline + 3x the model's bytes at 100M and 1B.
+
+    python benchmarks/big_merge.py                   # 100M and 1B, 3 repeats
+    python benchmarks/big_merge.py --quick           # 17M in 1024 x 1024 layers, 1 repeat
+    python benchmarks/big_merge.py --params 1e8 --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SIDE = 4096
+
+
+def layer_count(params: float, side: int) -> int:
+    return max(1, round(params / (side * side + side)))
+
+
+def write_states(store_dir: str, layers: int, side: int = SIDE) -> int:
+    """Head and result groups of ``layers`` layers, written in parts (bounded memory)."""
+    import torch
+
+    from vcdl.store import WeightStore
+    from vcdl.store.streaming import TensorSpec
+
+    store = WeightStore(store_dir)
+    specs = []
+    for i in range(layers):
+        specs += [
+            TensorSpec(f"layers.{i}.weight", torch.float32, (side, side)),
+            TensorSpec(f"layers.{i}.bias", torch.float32, (side,)),
+            TensorSpec(f"layers.{i}.steps", torch.int64, ()),
+        ]
+    gen = torch.Generator().manual_seed(0)
+    for path, shift in (("head", 0.0), ("result", 0.01)):
+        writer = store.writer(path, specs)
+        for i in range(layers):
+            writer.write(
+                {
+                    f"layers.{i}.weight": torch.randn(side, side, generator=gen) + shift,
+                    f"layers.{i}.bias": torch.randn(side, generator=gen),
+                    f"layers.{i}.steps": torch.tensor(i),
+                }
+            )
+        writer.commit()
+    return sum(s.nbytes for s in specs)
+
+
+def child(store_dir: str, mode: str, out: str, batch_mb: str) -> None:
+    """One merge in this fresh process; its figures as JSON into ``out``."""
+    import torch
+
+    from vcdl.config import MergeSection
+    from vcdl.driver.streamed import streamed_merge
+    from vcdl.merge.rules import merge_rule
+    from vcdl.store import WeightStore
+    from vcdl.store.streaming import specs_of
+
+    torch.set_num_threads(1)
+    store = WeightStore(store_dir)
+    rule = merge_rule(MergeSection(rule="vc_asgd"))
+    baseline = _current_bytes()
+    _reset_peak()
+    head = store.read_state("head")  # what the driver's HeadCache holds
+    # The spare buffers the driver's cache holds after its first merges.
+    spare = {k: torch.empty_like(t) for k, t in head.items()}
+    for t in spare.values():
+        t.zero_()
+    start = time.perf_counter()
+    if mode == "streamed":
+        got = streamed_merge(
+            rule,
+            head,
+            store.reader("result"),
+            0.5,
+            lambda: store.writer("version", specs_of(head)),
+            out=spare,
+            batch_bytes=int(float(batch_mb) * (1 << 20)),
+        )
+        assert got.applied is not None, got.reason
+    else:
+        result = store.read_state("result")
+        merged = rule.apply(head, result, 0.5, out=spare)
+        assert not isinstance(merged, str), merged
+        store.write_state("version", merged.weights)
+        store.checksum("version")
+        del result
+    seconds = time.perf_counter() - start
+    peak = _peak_bytes()
+    Path(out).write_text(json.dumps({"seconds": seconds, "baseline": baseline, "peak": peak}))
+
+
+def _current_bytes() -> int:
+    """Resident memory now (the baseline: a high-water mark would include import transients)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _reset_peak() -> None:
+    """Start the peak over from now (Linux: "5" to clear_refs resets VmHWM), so the
+    transient memory of imports does not mask a merge's own peak."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass  # then the peak since the start of the process (an overestimate)
+
+
+def _peak_bytes() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def run_child(store_dir: str, mode: str, tmp: str, batch_mb: float) -> dict[str, Any]:
+    out = os.path.join(tmp, f"{mode}.json")
+    subprocess.run(
+        [sys.executable, __file__, "--child", store_dir, mode, out, str(batch_mb)],
+        check=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    res: dict[str, Any] = json.loads(Path(out).read_text())
+    shutil.rmtree(os.path.join(store_dir, "version"), ignore_errors=True)
+    return res
+
+
+def bench(
+    params: float, repeats: int, modes: list[str], side: int, batch_mb: float
+) -> dict[str, Any]:
+    layers = layer_count(params, side)
+    with tempfile.TemporaryDirectory(prefix="vcdl-big-merge-") as tmp:
+        store_dir = os.path.join(tmp, "store")
+        t = time.perf_counter()
+        nbytes = write_states(store_dir, layers, side)
+        print(
+            f"[{params:.0e}] wrote head and result: {nbytes / 1e9:.2f} GB each in "
+            f"{time.perf_counter() - t:.1f} s",
+            flush=True,
+        )
+        rows: dict[str, Any] = {}
+        for mode in modes:
+            runs = []
+            for _ in range(repeats):
+                r = run_child(store_dir, mode, tmp, batch_mb)
+                runs.append(r)
+                print(
+                    f"[{params:.0e}] {mode}: {r['seconds']:.2f} s, peak "
+                    f"{(r['peak'] - r['baseline']) / nbytes:.2f}x the model above baseline",
+                    flush=True,
+                )
+            seconds = statistics.median(r["seconds"] for r in runs)
+            above = max(r["peak"] - r["baseline"] for r in runs)
+            rows[mode] = {
+                "seconds": round(seconds, 3),
+                "gb_per_s": round(nbytes / seconds / 1e9, 3),
+                "peak_above_baseline_gb": round(above / 1e9, 3),
+                "peak_over_model": round(above / nbytes, 2),
+                "baseline_gb": round(runs[0]["baseline"] / 1e9, 3),
+            }
+    params_n = layers * (side * side + side)
+    return {"params": params_n, "model_bytes": nbytes, "batch_mb": batch_mb, "rows": rows}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--params", type=float, nargs="+", default=[1e8, 1e9])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--modes", nargs="+", default=["streamed", "whole"])
+    p.add_argument(
+        "--whole-up-to",
+        type=float,
+        default=2e8,
+        help="run the whole-state contender only up to this many parameters (its memory)",
+    )
+    p.add_argument("--batch-mb", type=float, default=64.0, help="streamed batch size")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="CI: 17M parameters in 1024 x 1024 layers, 4-MB batches, 1 repeat",
+    )
+    p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        child(*args.child)
+        return
+    params, repeats, side, batch_mb = args.params, args.repeats, SIDE, args.batch_mb
+    if args.quick:
+        params, repeats, side, batch_mb = [1.68e7], 1, 1024, 4.0
+    results = []
+    for n in params:
+        modes = [m for m in args.modes if m != "whole" or n <= args.whole_up_to]
+        results.append(bench(n, repeats, modes, side, batch_mb))
+    print()
+    head = ("params", "contender", "s", "GB/s", "peak - baseline", "x model")
+    print("{:>8} {:10} {:>7} {:>6} {:>16} {:>8}".format(*head))
+    verdicts = []
+    for r in results:
+        for mode, row in r["rows"].items():
+            print(
+                f"{r['params'] / 1e6:7.0f}M {mode:10} {row['seconds']:7.2f} {row['gb_per_s']:6.2f} "
+                f"{row['peak_above_baseline_gb']:13.2f} GB {row['peak_over_model']:8.2f}"
+            )
+        s = r["rows"].get("streamed")
+        if s is not None:
+            mem_ok = s["peak_over_model"] <= 3.0
+            verdicts.append(
+                f"{r['params'] / 1e6:.0f}M: memory {s['peak_over_model']:.2f}x <= 3x: "
+                + ("met" if mem_ok else "MISSED")
+            )
+            if 5e7 <= r["params"] <= 2e8:
+                verdicts.append(
+                    f"{r['params'] / 1e6:.0f}M: pipeline {s['gb_per_s']:.2f} GB/s >= 1: "
+                    + ("met" if s["gb_per_s"] >= 1.0 else "MISSED")
+                )
+    for v in verdicts:
+        print(v)
+    print(json.dumps({"benchmark": "big_merge", "results": results, "verdicts": verdicts}))
+
+
+if __name__ == "__main__":
+    main()

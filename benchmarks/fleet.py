@@ -1,0 +1,214 @@
+"""How many workers one driver keeps busy: the real driver and I/O, with training simulated.
+
+Each attempt goes through the real path -- the ``train-shard`` Prefect task
+on a Dask worker, the claim in the ledger, the base read from the Zarr
+store, the result written back, the driver's streamed merge and its
+compare-and-swap -- but its training is a sleep of ``--attempt-seconds``
+(``vcdl.models.synthetic``: a model of ``--params`` float32 parameters whose
+"training" moves every weight by a fixed step). So a 2-core machine can
+stand in for a fleet: what is measured is everything around the training.
+
+``--workers N`` training slots are Dask worker processes (``--processes``,
+default up to 8) with N / processes threads each; each epoch has
+``--shards-per-worker`` × N shards. Reported, per N:
+
+* utilization = Σ training seconds of merged attempts ÷ (N × wall), wall
+  from the driver's first submission to the last merge (what
+  ``benchmarks/overhead.py`` measures for 2 workers);
+* merges per second over the same wall;
+* the driver process's CPU (user + system seconds ÷ wall; the Dask scheduler
+  runs in it) and its peak resident memory;
+* the mean seconds per phase of a merged attempt and of its merge (from the
+  ledger's ``attempt.timings``).
+
+Options: ``--workers 8 32 64`` (several: one run each), ``--attempt-seconds
+30``, ``--params 25e6``, ``--epochs 2``, ``--json`` (only the JSON line).
+``--real CONFIG`` trains a real config instead of sleeping (for a GPU
+machine: its own model, data and objective; ``--workers`` as above).
+
+Target (issue 33): >= 64 workers at >= 90 % utilization with 30-s attempts and
+25M parameters, driven from this 2-core machine; the largest N at >= 90 % is
+reported.
+
+    python benchmarks/fleet.py --workers 8 32 64 --attempt-seconds 30 --params 25e6
+    python benchmarks/fleet.py --quick        # CI: 4 workers, 2-s attempts, 1M parameters
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.overhead import dispatch_times  # noqa: E402
+from vcdl.config import RunConfig, load_config, parse_config  # noqa: E402
+
+TARGET = 0.90
+MERGE_PHASES = ("assimilator_read_result", "assimilator_read_head", "assimilator_merge")
+
+
+def make_config(args: argparse.Namespace, workers: int, home: Path) -> RunConfig:
+    processes = min(workers, args.processes)
+    threads = math.ceil(workers / processes)
+    shards = args.shards_per_worker * processes * threads
+    if args.real:
+        cfg = load_config(args.real, [f"data.shards={shards}"])
+    else:
+        cfg = parse_config(
+            {
+                "run": {"name": f"fleet-{workers}", "epochs": args.epochs, "seed": 0},
+                "data": {"name": f"fleet-{shards}", "shards": shards, "eval_batch_size": 1},
+                "model": {
+                    "factory": "vcdl.models.synthetic:sleeper",
+                    "kwargs": {"params": int(args.params), "seconds": args.attempt_seconds},
+                },
+                "train": {
+                    "objective": "vcdl.models.synthetic:sleep_loss",
+                    "optimizer": "sgd",
+                    "lr": 1.0,
+                    "batch_size": 1,
+                },
+                "merge": {"rule": "vc_asgd", "alpha": 0.5},
+            }
+        )
+    cfg = cfg.updated(
+        run={"name": f"fleet-{workers}"},
+        cluster={"workers": processes, "threads_per_worker": threads},
+    )
+    return cfg.with_locations(home)
+
+
+def make_data(cfg: RunConfig) -> None:
+    """One row per shard: every attempt is one batch, one sleep."""
+    from vcdl.data import write_arrays
+    from vcdl.runtime import open_store
+
+    assert cfg.store.url is not None
+    rows = cfg.data.shards
+    write_arrays(
+        open_store(cfg.store.url),
+        cfg.data.name,
+        {
+            "train": {"x": np.zeros((rows, 1), np.float32)},
+            "test": {"x": np.zeros((1, 1), np.float32)},
+        },
+        source="benchmarks/fleet.py: one row per shard",
+    )
+
+
+def run(args: argparse.Namespace, workers: int, home: Path) -> dict[str, Any]:
+    from vcdl import api
+    from vcdl.ledger import attempt_timings
+    from vcdl.runtime import open_ledger
+
+    cfg = make_config(args, workers, home)
+    if not args.real:
+        make_data(cfg)
+    assert cfg.ledger.url is not None and cfg.run.name is not None
+    usage0 = resource.getrusage(resource.RUSAGE_SELF)
+    started = time.time()
+    with dispatch_times() as submits:
+        summary = api.train(cfg, home=home)
+    total = time.time() - started
+    usage1 = resource.getrusage(resource.RUSAGE_SELF)
+    if summary["state"] != "completed":
+        raise RuntimeError(f"run {cfg.run.name} ended {summary['state']}")
+    ledger = open_ledger(cfg.ledger.url)
+    attempts = ledger.attempts(cfg.run.name)
+    merged = [a for a in attempts if a.state == "merged"]
+    versions = [v for v in ledger.versions(cfg.run.name) if v.subtask_id is not None]
+    first = min(t for t, _, _ in submits)
+    last = max(v.created_at.timestamp() for v in versions)
+    wall = last - first
+    slots = cfg.cluster.workers * cfg.cluster.threads_per_worker
+    train_s = sum(a.train_seconds or 0.0 for a in merged)
+    cpu = (usage1.ru_utime - usage0.ru_utime) + (usage1.ru_stime - usage0.ru_stime)
+    phases: dict[str, list[float]] = {}
+    for a in merged:
+        for k, v in attempt_timings(a).items():
+            phases.setdefault(k, []).append(v)
+    return {
+        "workers": slots,
+        "processes": cfg.cluster.workers,
+        "threads_per_process": cfg.cluster.threads_per_worker,
+        "attempt_seconds": None if args.real else args.attempt_seconds,
+        "params": None if args.real else int(args.params),
+        "epochs": cfg.run.epochs,
+        "shards_per_epoch": cfg.data.shards,
+        "merged": len(merged),
+        "attempts": len(attempts),
+        "utilization": round(train_s / (slots * wall), 4),
+        "merges_per_s": round(len(versions) / wall, 3),
+        "wall_s": round(wall, 1),
+        "total_s": round(total, 1),
+        "driver_cpu_per_wall": round(cpu / total, 3),
+        "driver_peak_rss_gb": round(usage1.ru_maxrss * 1024 / 1e9, 2),
+        "phases": {k: round(statistics.mean(v), 4) for k, v in sorted(phases.items())},
+    }
+
+
+def print_run(r: dict[str, Any]) -> None:
+    print(
+        f"N={r['workers']:4} ({r['processes']} x {r['threads_per_process']}): utilization "
+        f"{100 * r['utilization']:.1f} %, {r['merges_per_s']:.2f} merges/s, wall {r['wall_s']} s, "
+        f"driver CPU {r['driver_cpu_per_wall']:.2f} cores, peak {r['driver_peak_rss_gb']} GB",
+        flush=True,
+    )
+    attempt = {k: v for k, v in r["phases"].items() if not k.startswith("assimilator")}
+    merge = {k: v for k, v in r["phases"].items() if k.startswith("assimilator")}
+    for label, part in (("  attempt", attempt), ("  merge", merge)):
+        order = sorted(part.items(), key=lambda kv: -kv[1])
+        print(f"{label} phases, mean s: " + ", ".join(f"{k} {v:.3f}" for k, v in order))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, nargs="+", default=[8, 32, 64])
+    p.add_argument("--processes", type=int, default=8, help="Dask worker processes (at most)")
+    p.add_argument("--attempt-seconds", type=float, default=30.0)
+    p.add_argument("--params", type=float, default=25e6)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--shards-per-worker", type=int, default=2)
+    p.add_argument("--real", metavar="CONFIG", help="train this config instead of sleeping")
+    p.add_argument("--quick", action="store_true", help="CI: 4 workers, 2-s attempts, 1M params")
+    p.add_argument("--json", action="store_true", help="print only the JSON summary")
+    args = p.parse_args()
+    if args.quick:
+        args.workers, args.attempt_seconds, args.params, args.processes = [4], 2.0, 1e6, 2
+    # The sleeper's module path is an import path from the config: allowed here.
+    os.environ.setdefault("VCDL_ALLOW_IMPORTS", "vcdl.models.synthetic")
+    results = []
+    for n in args.workers:
+        with tempfile.TemporaryDirectory(prefix="vcdl-fleet-") as tmp:
+            r = run(args, n, Path(tmp))
+        results.append(r)
+        if not args.json:
+            print_run(r)
+    met = [r["workers"] for r in results if r["utilization"] >= TARGET]
+    verdict = {
+        "largest_n_at_90": max(met) if met else None,
+        "target_met": any(r["workers"] >= 64 and r["utilization"] >= TARGET for r in results),
+    }
+    if not args.json:
+        print(
+            f"largest N at >= {100 * TARGET:.0f} % utilization: {verdict['largest_n_at_90']}; "
+            f">= 64 workers at >= 90 %: {'met' if verdict['target_met'] else 'MISSED'}"
+        )
+    print(json.dumps({"benchmark": "fleet", "results": results, **verdict}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,572 @@
+"""vcdl.driver.epoch_state: the epoch's rules, one table row each, and a random-order property.
+
+No cluster, no ledger: the events carry the facts. The property test plays
+random orders of kills, re-runs, hand-backs under notice, partial results,
+rejections, deadlines, late results and quorum clocks against a small model
+of the ledger and the cluster, and checks that no subtask is merged twice,
+none is lost, and the attempt budget holds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import Counter, deque
+from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vcdl.driver.epoch_events import (
+    FREE_HANDBACKS,
+    Abandon,
+    AbandonRunning,
+    AttemptFact,
+    Cancel,
+    Close,
+    DeadlinePassed,
+    DropCheckpoint,
+    EpochPolicy,
+    Event,
+    Instruction,
+    Key,
+    MarkCrashed,
+    Merge,
+    MergeDone,
+    Opened,
+    RecordDuplicate,
+    Reject,
+    Say,
+    Submit,
+    TaskLost,
+    TaskReturned,
+    Tick,
+)
+from vcdl.driver.epoch_state import EpochState, free_attempts, settle
+from vcdl.states import MERGEABLE_ATTEMPT_STATES, TERMINAL_SUBTASK_STATES
+
+K = (2, 5)  # the subtask most rows are about
+
+
+def a(n: int, state: str, samples: int | None = None, key: Key = K) -> AttemptFact:
+    return AttemptFact(f"a{key[0]}.{key[1]}.{n}", key, n, state, samples)
+
+
+def opened(policy: EpochPolicy | None = None, todo: tuple[Key, ...] = (K,)) -> EpochState:
+    state = EpochState(policy or EpochPolicy(epoch=2, shards=8))
+    state.handle(Opened(todo))
+    return state
+
+
+def kinds(out: list[Instruction]) -> list[str]:
+    return [type(i).__name__ for i in out if not isinstance(i, Say)]
+
+
+def said(out: list[Instruction]) -> list[str]:
+    return [i.message for i in out if isinstance(i, Say)]
+
+
+# -- opening (and recovery after a dead driver) --------------------------------------
+
+
+def test_opening_submits_every_open_subtask_once() -> None:
+    state = EpochState(EpochPolicy(epoch=0, shards=3))
+    out = state.handle(Opened(((0, 0), (0, 1), (0, 2), (0, 1))))
+    assert out == [Submit((0, 0), 1), Submit((0, 1), 1), Submit((0, 2), 1)]
+    assert state.in_flight == {(0, 0), (0, 1), (0, 2)} and not state.finished
+
+
+def test_recovery_gives_up_on_stranded_attempts_and_merges_leftovers_untrained() -> None:
+    state = EpochState(EpochPolicy(epoch=1, shards=4))
+    stranded = (a(1, "running", key=(1, 0)), a(1, "running", key=(0, 3)))
+    left = (a(1, "finished", key=(1, 1)), a(2, "interrupted", key=(1, 1)))
+    elsewhere = a(1, "finished", key=(0, 7))  # a subtask that is not open: not merged again
+    out = state.handle(Opened(((1, 0), (1, 1), (1, 2)), stranded, (*left, elsewhere), merged=1))
+    assert out[0] == Abandon(stranded, "killed", "lost with a previous driver or its cluster")
+    assert [i for i in out if isinstance(i, Merge)] == [Merge((1, 1), left[0].id)]
+    assert [i for i in out if isinstance(i, Submit)] == [Submit((1, 0), 1), Submit((1, 2), 1)]
+    assert state.tally["killed"] == 2 and state.merged == 1
+
+
+@pytest.mark.parametrize("kind", ["rejected", "skipped"])
+def test_a_leftover_that_cannot_be_merged_is_trained_now(kind: str) -> None:
+    state = EpochState(EpochPolicy(epoch=0, shards=1))
+    left = a(1, "finished", key=(0, 0))
+    state.handle(Opened(((0, 0),), leftovers=(left,)))
+    out = state.handle(MergeDone((0, 0), left.id, kind, reason="NaN"))  # type: ignore[arg-type]
+    assert kinds(out) == ["Submit"] and out[-1] == Submit((0, 0), 1)
+
+
+def test_an_epoch_opens_once() -> None:
+    state = opened()
+    with pytest.raises(RuntimeError, match="opened twice"):
+        state.handle(Opened((K,)))
+
+
+# -- results ---------------------------------------------------------------------------
+
+
+def test_a_result_is_merged_and_the_epoch_reaches_its_barrier() -> None:
+    state = opened()
+    done = a(1, "finished", 100)
+    out = state.handle(TaskReturned(K, "finished", (done,), attempt_id=done.id))
+    assert out == [Merge(K, done.id)]
+    assert not state.finished  # the merge is in progress
+    out = state.handle(MergeDone(K, done.id, "merged", version=7, alpha=0.3, staleness=1))
+    assert said(out) == ["epoch 2 shard 5 merged as v7 (alpha 0.300, staleness 1)"]
+    assert state.finished and state.closed == {K: "merged"} and state.merged == 1
+
+
+def test_attempts_dask_re_ran_elsewhere_are_killed_when_the_result_comes() -> None:
+    state = opened()
+    first, second = a(1, "running"), a(2, "finished", 100)
+    out = state.handle(TaskReturned(K, "finished", (first, second), attempt_id=second.id))
+    assert out == [
+        Abandon((first,), "killed", "worker died; the task was re-run elsewhere"),
+        Merge(K, second.id),
+    ]
+
+
+def test_a_task_that_found_its_subtask_finished_changes_nothing() -> None:
+    state = opened()
+    assert state.handle(TaskReturned(K, "skipped", ())) == []
+    assert state.tally["skipped"] == 1 and state.finished
+
+
+@pytest.mark.parametrize(
+    ("partial", "expected"), [("scale", ["Merge"]), ("discard", ["Reject", "Submit"])]
+)
+def test_a_partial_result_is_merged_scaled_or_discarded(partial: str, expected: list[str]) -> None:
+    state = opened(EpochPolicy(epoch=2, shards=8, partial=partial))  # type: ignore[arg-type]
+    part = a(1, "interrupted", 40)
+    out = state.handle(
+        TaskReturned(K, "interrupted", (part,), attempt_id=part.id, samples=40, planned_samples=100)
+    )
+    assert kinds(out) == expected
+    if partial == "discard":
+        assert out[0] == Reject(
+            part.id, "partial result (40/100 samples) discarded by policy fault.partial=discard"
+        )
+        assert said(out) == [
+            "epoch 2 shard 5 reissued: preempted with notice; partial result discarded"
+        ]
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [("rejected", "rejected: update norm 9 exceeds max_update_norm 1"), ("skipped", "skipped")],
+)
+def test_a_result_the_merge_refused_is_reissued(kind: str, reason: str) -> None:
+    state = opened()
+    done = a(1, "finished", 100)
+    state.handle(TaskReturned(K, "finished", (done,), attempt_id=done.id))
+    why = "update norm 9 exceeds max_update_norm 1" if kind == "rejected" else None
+    refused = replace(done, state="rejected" if kind == "rejected" else "killed")
+    out = state.handle(MergeDone(K, done.id, kind, reason=why, attempts=(refused,)))  # type: ignore[arg-type]
+    assert out[-1] == Submit(K, 2)
+    assert f"epoch 2 shard 5 reissued: {reason}" in said(out)
+
+
+def test_a_duplicate_outcome_closes_the_subtask_quietly() -> None:
+    state = opened()
+    done = a(1, "finished", 100)
+    state.handle(TaskReturned(K, "finished", (done,), attempt_id=done.id))
+    assert state.handle(MergeDone(K, done.id, "duplicate")) == []
+    assert state.finished and state.tally["duplicate"] == 1
+
+
+def test_a_merge_outcome_needs_a_merge() -> None:
+    with pytest.raises(RuntimeError, match="without a merge in progress"):
+        opened().handle(MergeDone(K, "x", "merged"))
+
+
+# -- lost tasks, hand-backs, deadlines -----------------------------------------------------
+
+
+def test_a_lost_task_kills_its_running_attempts_and_is_reissued() -> None:
+    state = opened()
+    dead = a(1, "running", 30)
+    out = state.handle(TaskLost(K, "OSError: connection reset", (dead,)))
+    assert out == [
+        Abandon((dead,), "killed", "worker died"),
+        Say(logging.WARNING, "epoch 2 shard 5 reissued: OSError: connection reset"),
+        Submit(K, 2),
+    ]
+    assert state.tally["errors"] == 1 and state.tally["killed"] == 1
+
+
+def test_a_task_dask_gave_up_on_is_marked_crashed_under_its_own_number() -> None:
+    state = opened()
+    out = state.handle(TaskLost(K, "KilledWorker", (a(1, "running"),), crashed="worker lost: x"))
+    assert out[0] == MarkCrashed(K, 1, "worker lost: x") and out[-1] == Submit(K, 2)
+
+
+def test_a_hand_back_under_notice_is_reissued_as_a_worker_death() -> None:
+    state = opened()
+    out = state.handle(TaskReturned(K, "handed_back", (), worker="tcp://10.0.0.7:4000"))
+    assert said(out) == [
+        "epoch 2 shard 5 reissued: handed back untrained by tcp://10.0.0.7:4000, "
+        "under preemption notice"
+    ]
+    assert state.handed_back == {K: 1} and state.tally["errors"] == 1
+
+
+def test_an_attempt_past_its_deadline_is_cancelled_and_reissued() -> None:
+    state = opened()
+    late = a(1, "running", 10)
+    out = state.handle(DeadlinePassed(K, (late,), (late,)))
+    assert out[:2] == [
+        Cancel(K, 1, "attempt past its deadline"),
+        Abandon((late,), "timeout", "past its deadline"),
+    ]
+    assert said(out) == ["epoch 2 shard 5 reissued: timeout after 900s"]
+    assert out[-1] == Submit(K, 2) and state.tally["timeouts"] == 1
+
+
+def test_news_of_a_task_given_up_on_changes_nothing() -> None:
+    state = opened()
+    late = a(1, "running")
+    state.handle(DeadlinePassed(K, (late,), (late,)))
+    state.handle(TaskReturned(K, "finished", (a(2, "finished"),), attempt_id="a2"))
+    # The reissued task is what is in flight now; the old one's result came late.
+    assert state.in_flight == set() and state.merging == {K: False}
+    state.handle(MergeDone(K, "a2", "merged"))
+    assert state.handle(TaskLost(K, "late news", ())) == []
+
+
+# -- the attempt budget ------------------------------------------------------------------
+
+
+def test_attempts_that_trained_count() -> None:
+    state = opened()
+    state.submitted[K] = 4
+    rows = (a(1, "failed"), a(2, "failed"), a(3, "failed"), a(4, "running"))
+    out = state.handle(TaskLost(K, "worker died", rows))
+    assert kinds(out) == ["Abandon", "Close"]
+    assert out[1] == Close(K, "failed", "4 attempts, last: worker died")
+    assert said(out) == ["epoch 2 shard 5 failed for good: worker died"]
+    assert state.finished and state.closed == {K: "failed"}
+
+
+def test_kills_that_moved_the_subtask_forward_do_not_fail_it() -> None:
+    # Six kills, each after checkpointing further: a healthy subtask on a busy fleet.
+    rows = tuple(a(i + 1, "killed", 100 * (i + 1)) for i in range(6))
+    state = opened()
+    state.submitted[K] = 2
+    out = state.handle(TaskLost(K, "KilledWorker: the workers running it died", rows))
+    assert out[-1] == Submit(K, 3) and state.tally["failed"] == 0
+
+
+def test_kills_at_the_same_point_fail_it_and_say_so() -> None:
+    # One kill moved it forward; four more died at the same checkpoint.
+    rows = (a(1, "killed", 100), *(a(i, "killed", 100) for i in range(2, 6)))
+    state = opened()
+    state.submitted[K] = 2
+    out = state.handle(TaskLost(K, "KilledWorker: the workers running it died", rows))
+    assert out[0] == Close(
+        K,
+        "failed",
+        "4 attempts (1 more moved it forward before their workers died), "
+        "last: KilledWorker: the workers running it died",
+    )
+
+
+def test_hand_backs_from_workers_under_notice_are_not_attempts() -> None:
+    # One attempt trained and died; then five tasks met workers under notice.
+    state = opened()
+    died = a(1, "killed")
+    state.handle(TaskLost(K, "worker died", (died,)))
+    for _ in range(5):
+        out = state.handle(TaskReturned(K, "handed_back", (died,), worker="w"))
+        assert kinds(out)[-1] == "Submit"
+    assert state.tally["failed"] == 0 and state.tally["reissued"] == 6
+
+
+def test_hand_backs_count_once_they_spin() -> None:
+    """Workers that never leave the pool must not make a subtask reissue forever."""
+    state = opened()
+    while not state.closed:
+        assert state.submitted[K] < 100, "reissued without end"
+        state.handle(TaskReturned(K, "handed_back", (), worker="w"))
+    assert state.submitted[K] == FREE_HANDBACKS + 4  # fault.max_attempts
+    assert state.closed == {K: "failed"}
+
+
+@given(st.lists(st.tuples(st.sampled_from(["killed", "failed", "timeout"]), st.integers(0, 500))))
+def test_free_attempts_are_the_kills_that_moved_forward(rows: list[tuple[str, int]]) -> None:
+    attempts = [a(n, s, samples) for n, (s, samples) in enumerate(rows, 1)]
+    free = free_attempts(attempts)
+    assert 0 <= free <= sum(1 for s, _ in rows if s == "killed")
+    # Progress is bounded: each free attempt reached strictly further.
+    assert free <= len({samples for _, samples in rows if samples > 0})
+
+
+# -- the quorum ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("late", "closed"), [("reissue", "deferred"), ("drop", "dropped")])
+def test_stragglers_past_the_quorum_deadline_are_deferred_or_dropped(
+    late: str, closed: str
+) -> None:
+    policy = EpochPolicy(epoch=0, shards=4, quorum=0.5, straggler_timeout=60, late=late)  # type: ignore[arg-type]
+    state = EpochState(policy)
+    keys = tuple((0, s) for s in range(4))
+    state.handle(Opened(keys))
+    for key in keys[:2]:
+        done = a(1, "finished", key=key)
+        state.handle(TaskReturned(key, "finished", (done,), attempt_id=done.id))
+        state.handle(MergeDone(key, done.id, "merged"))
+    assert state.handle(Tick(100.0)) == []  # the quorum is reached: the clock starts
+    assert state.handle(Tick(159.0)) == []
+    out = state.handle(Tick(160.0))
+    assert kinds(out) == ["Cancel", "AbandonRunning", "Close"] * 2
+    assert out[2] == Close((0, 2), closed, "late: quorum policy")  # type: ignore[arg-type]
+    assert said(out) == [f"epoch 0 closed at quorum: stragglers {late}"]
+    assert state.finished and state.tally[closed] == 2
+
+
+@pytest.mark.parametrize("policy", [{"quorum": 1.0}, {"quorum": 0.25, "final": True}])
+def test_no_quorum_deadline_without_a_quorum_or_in_the_last_epoch(
+    policy: dict[str, object],
+) -> None:
+    state = EpochState(EpochPolicy(epoch=0, shards=4, straggler_timeout=1, **policy))  # type: ignore[arg-type]
+    state.handle(Opened(((0, 0), (0, 1)), merged=3))
+    assert state.handle(Tick(0.0)) == state.handle(Tick(1e6)) == []
+    assert state.in_flight == {(0, 0), (0, 1)}
+
+
+# -- settling after the barrier -----------------------------------------------------------
+
+
+def test_settling_records_late_duplicates_and_drops_dead_checkpoints() -> None:
+    row = SimpleNamespace
+    attempts = [
+        row(id="dup", subtask_id=1, state="finished", result_uri="r/dup", checkpoint_uri=None),
+        row(id="won", subtask_id=1, state="merged", result_uri=None, checkpoint_uri=None),
+        row(id="ck", subtask_id=2, state="killed", result_uri=None, checkpoint_uri="r/ck"),
+        row(id="open", subtask_id=3, state="killed", result_uri=None, checkpoint_uri="r/open"),
+    ]
+    subtasks = [row(id=1, state="merged"), row(id=2, state="failed"), row(id=3, state="deferred")]
+    assert settle(attempts, subtasks) == [RecordDuplicate("dup", "r/dup"), DropCheckpoint("ck")]
+
+
+# -- random event orders -------------------------------------------------------------------
+
+
+@dataclass
+class World:
+    """The ledger and the cluster as far as the epoch can see them."""
+
+    state: EpochState
+    rows: dict[Key, list[AttemptFact]]
+    subtask: dict[Key, str]
+    merge_ok: deque[bool]
+    live: list[tuple[Key, int]] = field(default_factory=list)
+    merges: Counter[Key] = field(default_factory=Counter)
+    handbacks: Counter[Key] = field(default_factory=Counter)
+    submissions: Counter[Key] = field(default_factory=Counter)
+    ids: itertools.count[int] = field(default_factory=itertools.count)
+
+    @property
+    def policy(self) -> EpochPolicy:
+        return self.state.policy
+
+    def attempt(self, key: Key, state: str, samples: int | None = None) -> AttemptFact:
+        rows = self.rows[key]
+        row = AttemptFact(f"x{next(self.ids)}", key, len(rows) + 1, state, samples)
+        rows.append(row)
+        if self.subtask[key] not in TERMINAL_SUBTASK_STATES:
+            self.subtask[key] = "running"
+        return row
+
+    def set(self, attempt_id: str, state: str) -> AttemptFact:
+        for rows in self.rows.values():
+            for i, row in enumerate(rows):
+                if row.id == attempt_id:
+                    rows[i] = replace(row, state=state)
+                    return row
+        raise KeyError(attempt_id)
+
+    def tries(self, key: Key) -> int:
+        """The budget's count, computed from the world's own records."""
+        free = free_attempts(self.rows[key])
+        untrained = min(self.handbacks[key], FREE_HANDBACKS)
+        return max(len(self.rows[key]) - free, self.submissions[key] - untrained - free)
+
+    def feed(self, event: Event) -> None:
+        todo = deque(self.state.handle(event))
+        while todo:
+            follow = self.do(todo.popleft())
+            if follow is not None:
+                todo.extend(self.state.handle(follow))
+
+    def do(self, ins: Instruction) -> Event | None:
+        match ins:
+            case Submit(key, number):
+                assert self.subtask[key] not in TERMINAL_SUBTASK_STATES, "a finished subtask"
+                if number > 1:  # a reissue: the budget allowed it
+                    assert self.tries(key) < self.policy.max_attempts, (key, self.rows[key])
+                assert number == self.submissions[key] + 1
+                self.submissions[key] += 1
+                self.live.append((key, number))
+            case Merge(key, attempt_id):
+                row = self.set(attempt_id, "merged")
+                assert row.state in MERGEABLE_ATTEMPT_STATES
+                assert self.subtask[key] != "merged", "merged twice"
+                ok = self.merge_ok.popleft() if self.merge_ok else True
+                if not ok:
+                    self.set(attempt_id, "rejected")
+                    return MergeDone(
+                        key, attempt_id, "rejected", "bad", attempts=tuple(self.rows[key])
+                    )
+                self.merges[key] += 1
+                self.subtask[key] = "merged"
+                return MergeDone(key, attempt_id, "merged", version=sum(self.merges.values()))
+            case Abandon(attempts, state):
+                for row in attempts:
+                    if self.current(row.id) == "running":
+                        self.set(row.id, state)
+            case AbandonRunning(key):
+                for row in list(self.rows[key]):
+                    if row.state == "running":
+                        self.set(row.id, "killed")
+            case Reject(attempt_id):
+                assert self.current(attempt_id) in MERGEABLE_ATTEMPT_STATES
+                self.set(attempt_id, "rejected")
+            case Close(key, state):
+                assert self.subtask[key] not in TERMINAL_SUBTASK_STATES
+                if state == "failed":  # not before the budget is spent
+                    assert self.tries(key) >= self.policy.max_attempts, (key, self.rows[key])
+                self.subtask[key] = state
+            case Cancel(key, number):
+                self.live.remove((key, number))
+            case MarkCrashed(key, number):
+                assert (key, number) not in self.live and number == self.submissions[key]
+        return None
+
+    def current(self, attempt_id: str) -> str:
+        return next(r.state for rows in self.rows.values() for r in rows if r.id == attempt_id)
+
+    def finish(self, key: Key, kind: str, samples: int) -> Event:
+        """What the executor would hand in when the key's task ends as ``kind``."""
+        planned = 100
+        if kind == "finished":
+            row = self.attempt(key, "finished", planned)
+        elif kind == "rerun":  # a worker died, Dask re-ran the task: two rows
+            self.attempt(key, "running", samples)
+            row = self.attempt(key, "finished", planned)
+        elif kind == "interrupted":
+            row = self.attempt(key, "interrupted", samples)
+        elif kind == "handed_back":
+            self.handbacks[key] += 1
+            return TaskReturned(key, "handed_back", tuple(self.rows[key]), worker="w")
+        else:
+            if kind != "lost_before_claim":
+                self.attempt(key, "running", samples)
+            crashed = "worker lost" if kind == "crashed" else None
+            return TaskLost(key, kind, tuple(self.rows[key]), crashed=crashed)
+        return TaskReturned(
+            key,
+            row.state,  # type: ignore[arg-type]
+            tuple(self.rows[key]),
+            attempt_id=row.id,
+            samples=row.samples or 0,
+            planned_samples=planned,
+        )
+
+
+OUTCOMES = [
+    "finished",
+    "rerun",
+    "interrupted",
+    "handed_back",
+    "lost",
+    "crashed",
+    "lost_before_claim",
+]
+ACTIONS = st.one_of(
+    st.tuples(st.just("task"), st.integers(0, 50), st.sampled_from(OUTCOMES), st.integers(0, 99)),
+    st.tuples(st.just("deadline"), st.integers(0, 50), st.just(""), st.integers(0, 99)),
+    st.tuples(st.just("tick"), st.just(0), st.just(""), st.integers(0, 100)),
+    st.tuples(st.just("late_result"), st.integers(0, 50), st.just(""), st.just(0)),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shards=st.integers(1, 6),
+    policy=st.fixed_dictionaries(
+        {
+            "max_attempts": st.integers(1, 4),
+            "partial": st.sampled_from(["scale", "discard"]),
+            "quorum": st.sampled_from([1.0, 0.5]),
+            "late": st.sampled_from(["reissue", "drop"]),
+            "final": st.booleans(),
+        }
+    ),
+    left_by_a_dead_driver=st.lists(st.sampled_from(["", "finished", "running"]), max_size=6),
+    merge_ok=st.lists(st.booleans(), max_size=40),
+    actions=st.lists(ACTIONS, max_size=80),
+)
+def test_in_any_order_no_subtask_is_merged_twice_none_is_lost_and_the_budget_holds(
+    shards: int,
+    policy: dict[str, object],
+    left_by_a_dead_driver: list[str],
+    merge_ok: list[bool],
+    actions: list[tuple[str, int, str, int]],
+) -> None:
+    keys = [(3, s) for s in range(shards)]
+    world = World(
+        EpochState(EpochPolicy(epoch=3, shards=shards, straggler_timeout=30, **policy)),  # type: ignore[arg-type]
+        rows={k: [] for k in keys},
+        subtask=dict.fromkeys(keys, "pending"),
+        merge_ok=deque(merge_ok),
+    )
+    for key, left in zip(keys, left_by_a_dead_driver, strict=False):
+        if left:
+            world.attempt(key, left, 50)
+    every = [r for rows in world.rows.values() for r in rows]
+    world.feed(
+        Opened(
+            tuple(keys),
+            stranded=tuple(r for r in every if r.state == "running"),
+            leftovers=tuple(r for r in every if r.state == "finished"),
+        )
+    )
+    clock = 0.0
+    for kind, pick, outcome, amount in actions:
+        if kind == "tick":
+            clock += amount
+            world.feed(Tick(clock))
+        elif kind == "late_result":  # an attempt given up on finishes after all
+            given_up = [r for rows in world.rows.values() for r in rows if r.state == "killed"]
+            if given_up:
+                world.set(given_up[pick % len(given_up)].id, "finished")
+        elif world.live:
+            key, number = world.live[pick % len(world.live)]
+            if kind == "deadline":
+                late = world.attempt(key, "running", amount)
+                world.feed(DeadlinePassed(key, (late,), tuple(world.rows[key])))
+            else:
+                world.live.remove((key, number))
+                world.feed(world.finish(key, outcome, amount))
+        world.feed(Tick(clock))
+    # Calm: every task left succeeds, and time runs on.
+    world.merge_ok.clear()
+    for _ in range(10_000):
+        if world.state.finished:
+            break
+        if world.live:
+            key, _ = world.live.pop(0)
+            world.feed(world.finish(key, "finished", 100))
+        clock += 1000.0
+        world.feed(Tick(clock))
+    assert world.state.finished
+    # None is lost: every subtask is merged, or failed, dropped or deferred by policy.
+    assert {world.subtask[k] for k in keys} <= {"merged", "failed", "dropped", "deferred"}
+    assert world.state.closed == world.subtask  # and the state machine knows it
+    # No subtask merged twice.
+    assert all(n <= 1 for n in world.merges.values())
+    assert world.state.tally["duplicate"] == 0

@@ -1,0 +1,39 @@
+"""Finding the user's modules is not thrown off by a code archive that is gone.
+
+A LocalCluster's scheduler runs in the driver's process, so Dask's upload_file
+puts the run's code archive on the driver's ``sys.path``; the archive is
+deleted with the cluster's scratch directory. The next run in the same process
+must still find its modules (CI once failed a later test on exactly this).
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import sys
+import zipfile
+from pathlib import Path
+
+from vcdl.usercode import forget_gone_archives, local_modules
+
+
+def test_a_deleted_code_archive_on_sys_path_is_skipped_and_forgotten(tmp_path: Path) -> None:
+    archive = tmp_path / "vcdl-code-0123456789ab.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("shipped_elsewhere.py", "X = 1\n")
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "mymodel.py").write_text("import torch\n\ndef build():\n    return None\n")
+    sys.path.insert(0, str(archive))
+    try:
+        # Caches a zipimporter for the archive, as importing from it would.
+        assert importlib.machinery.PathFinder.find_spec("shipped_elsewhere", [str(archive)])
+        archive.unlink()
+        found = local_modules(["mymodel:build"], [code])
+        assert [m.name for m in found] == ["mymodel"]
+        forget_gone_archives()
+        assert str(archive) not in sys.path
+        assert str(archive) not in sys.path_importer_cache
+    finally:
+        while str(archive) in sys.path:
+            sys.path.remove(str(archive))
+        sys.path_importer_cache.pop(str(archive), None)

@@ -1,0 +1,48 @@
+"""Training data: data sets of named arrays in Zarr, importers, built-in sets, shard plans.
+
+:mod:`.datasets` (layout, write, open, read rows), :mod:`.cache` (decoded
+splits per worker process), :mod:`.importers` (npz, text, Parquet/Arrow),
+:mod:`.builtin` (digits, MNIST-1D, the Python language reference),
+:mod:`.shards`.
+"""
+
+from __future__ import annotations
+
+from vcdl.data.builtin import make_digits, make_mnist1d, make_pytext
+from vcdl.data.datasets import (
+    DATASETS_PREFIX,
+    ArrayInfo,
+    DatasetInfo,
+    SplitInfo,
+    dataset_fingerprint,
+    list_datasets,
+    open_dataset,
+    read_arrays,
+    read_rows,
+    write_arrays,
+    write_dataset,
+)
+from vcdl.data.importers import import_npz, import_table, import_text
+from vcdl.data.shards import shard_indices, shard_plan
+
+__all__ = [
+    "DATASETS_PREFIX",
+    "ArrayInfo",
+    "DatasetInfo",
+    "SplitInfo",
+    "dataset_fingerprint",
+    "import_npz",
+    "import_table",
+    "import_text",
+    "list_datasets",
+    "make_digits",
+    "make_mnist1d",
+    "make_pytext",
+    "open_dataset",
+    "read_arrays",
+    "read_rows",
+    "shard_indices",
+    "shard_plan",
+    "write_arrays",
+    "write_dataset",
+]

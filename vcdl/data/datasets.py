@@ -1,0 +1,581 @@
+"""Data sets as Zarr arrays: named arrays per split, any numeric dtype; write, open, read rows.
+
+This module owns the on-store layout of a data set (format 2). Group
+``datasets/<name>`` in the :class:`~vcdl.store.WeightStore` holds one Zarr
+array per split and field, ``<split>/<field>`` (``train/x``, ``test/y``,
+``train/tokens``...), each with the rows along its first axis and its own
+dtype, kept as written: token ids stay integers, uint8 images stay uint8
+until a batch is formed (:mod:`vcdl.objectives`). Every array of a split is
+chunked along rows with the same number of rows per chunk (about
+``CHUNK_BYTES`` of all of a row's arrays together), so a block of rows is one
+chunk of each. The group's attributes describe it: ``splits`` (per split:
+``rows``, ``rows_per_chunk``, ``arrays``: field -> dtype and per-row shape),
+``hints`` (what a model factory may need: ``num_classes``, ``vocab_size``,
+``context_length``), ``name``, ``source``, ``created_at``, ``fingerprint``
+and, written last, ``complete``.
+
+Classification keeps its convention: fields ``x`` (samples) and ``y``
+(integer labels in ``[0, num_classes)``), written by :func:`write_dataset`.
+Data sets written by vcdl before named arrays (format 1: arrays
+``x_train``, ``y_train``, ``x_test``, ``y_test`` at the top) are read as
+fields ``x`` and ``y``.
+
+Zarr has no atomic rename, so a data set becomes visible by its ``complete``
+attribute, written after the arrays; readers treat a group without it as
+missing. A crash mid-write therefore leaves an invisible group, never a
+half-readable one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import operator
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import zarr
+
+from vcdl.data.cache import split_cache
+from vcdl.errors import DataError
+
+DATASETS_PREFIX = "datasets"
+"""Data sets live in the store under ``datasets/<name>``."""
+
+SPLITS = ("train", "test")
+"""The splits every data set has: training rows, and held-out rows for evaluation."""
+
+FORMAT = 2
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
+_FIELD_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+
+CHUNK_BYTES = 2 * 1024 * 1024
+"""Target uncompressed bytes of one chunk: ~1-4 MiB amortises per-object latency on S3."""
+
+
+class DatasetStore(Protocol):
+    """The part of :class:`vcdl.store.WeightStore` this module uses."""
+
+    def open_group(self, path: str, mode: str = "r") -> zarr.Group: ...
+
+    def list(self, prefix: str) -> list[str]: ...
+
+    def uri(self, path: str) -> str: ...
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    """One field of a split: its dtype (numpy's name) and the shape of one row."""
+
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def row_bytes(self) -> int:
+        return np.dtype(self.dtype).itemsize * int(np.prod(self.shape, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class SplitInfo:
+    """One split: its rows, how many rows a chunk holds, and its fields."""
+
+    rows: int
+    rows_per_chunk: int
+    arrays: Mapping[str, ArrayInfo]
+
+    @property
+    def row_bytes(self) -> int:
+        return sum(a.row_bytes for a in self.arrays.values())
+
+    @property
+    def nbytes(self) -> int:
+        """Decoded bytes of the whole split."""
+        return self.rows * self.row_bytes
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a run needs to know about a data set without reading its rows."""
+
+    name: str
+    fingerprint: str
+    source: str
+    splits: Mapping[str, SplitInfo]
+    hints: Mapping[str, Any] = field(default_factory=dict)
+    format: int = FORMAT
+    stats: Mapping[str, float] = field(default_factory=dict)
+    """Figures measured on the rows when they were written, for people to compare
+    a run against (text: ``unigram_entropy``, nats per token of the whole text)."""
+
+    @property
+    def n_train(self) -> int:
+        return self.splits["train"].rows
+
+    @property
+    def n_test(self) -> int:
+        return self.splits["test"].rows
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(self.splits["train"].arrays)
+
+    @property
+    def input_shape(self) -> tuple[int, ...] | None:
+        """The shape of one ``x`` row (the classification convention), if there is an ``x``."""
+        x = self.splits["train"].arrays.get("x")
+        return x.shape if x is not None else None
+
+    @property
+    def num_classes(self) -> int | None:
+        value = self.hints.get("num_classes")
+        return int(value) if value is not None else None
+
+    def factory_hints(self) -> dict[str, Any]:
+        """What a model factory may take from the data set, by keyword (see vcdl.models)."""
+        hints = {k: v for k, v in self.hints.items() if v is not None}
+        if self.input_shape is not None:
+            hints["input_shape"] = self.input_shape
+        return hints
+
+
+# --------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------
+
+
+def _check_name(name: str) -> None:
+    # Names become store path components: no separators, no "." / "..".
+    # "__" prefixes are reserved by Zarr for its own keys.
+    if (
+        not isinstance(name, str)
+        or not _NAME_RE.fullmatch(name)
+        or set(name) == {"."}
+        or name.startswith("__")
+    ):
+        raise DataError(
+            f"invalid data set name {name!r}: use letters, digits, '_', '.' and '-' only "
+            "(not only dots, not starting with '__')"
+        )
+
+
+def _group_path(name: str) -> str:
+    return f"{DATASETS_PREFIX}/{name}"
+
+
+def _ordered(splits: Sequence[str], fields: Sequence[str]) -> list[tuple[str, str]]:
+    """(split, field) in hashing order: train, test, then other splits; x, y, then others."""
+
+    def rank(first: tuple[str, ...], name: str) -> tuple[int, str]:
+        return (first.index(name), "") if name in first else (len(first), name)
+
+    return [
+        (s, f)
+        for s in sorted(splits, key=lambda s: rank(SPLITS, s))
+        for f in sorted(fields, key=lambda f: rank(("x", "y"), f))
+    ]
+
+
+def dataset_fingerprint(splits: Mapping[str, Mapping[str, np.ndarray]]) -> str:
+    """Content hash of a data set's arrays, ``"sha256:<hex>"``.
+
+    Hashes each array's ``<field>_<split>`` name, dtype, shape and
+    little-endian C-order bytes in a fixed order, so equal data gives an
+    equal fingerprint whatever the chunking in the store (and an ``x``/``y``
+    data set the fingerprint vcdl gave it before named arrays).
+    """
+    h = hashlib.sha256()
+    fields = sorted({f for arrays in splits.values() for f in arrays})
+    for split, name in _ordered(list(splits), fields):
+        a = np.ascontiguousarray(splits[split][name])
+        a = a.astype(a.dtype.newbyteorder("<"), copy=False)
+        h.update(f"{name}_{split}|{a.dtype.str}|{a.shape}\n".encode())
+        h.update(a.data)
+    return f"sha256:{h.hexdigest()}"
+
+
+def _as_array(where: str, value: Any) -> np.ndarray:
+    """``value`` as a numeric array of at least one dimension (rows), finite if floating."""
+    a = np.asarray(value)
+    if a.dtype == np.bool_ or np.issubdtype(a.dtype, np.integer):
+        pass
+    elif np.issubdtype(a.dtype, np.floating):
+        if not np.isfinite(a).all():
+            bad = int(np.count_nonzero(~np.isfinite(a)))
+            raise DataError(f"{where} has {bad} non-finite value(s) (NaN or Inf)")
+    else:
+        raise DataError(
+            f"{where} must hold numbers (integers, floats or booleans), got dtype {a.dtype}"
+        )
+    if a.ndim < 1:
+        raise DataError(f"{where} must have shape (rows, ...), got a scalar")
+    return np.ascontiguousarray(a)
+
+
+def _rows_per_chunk(rows: int, row_bytes: int) -> int:
+    return max(1, min(rows, CHUNK_BYTES // max(1, row_bytes)))
+
+
+def write_arrays(
+    store: DatasetStore,
+    name: str,
+    splits: Mapping[str, Mapping[str, Any]],
+    *,
+    source: str,
+    hints: Mapping[str, Any] | None = None,
+    stats: Mapping[str, float] | None = None,
+) -> DatasetInfo:
+    """Validate and write a data set of named arrays to ``datasets/<name>``, replacing any old one.
+
+    ``splits`` maps ``"train"`` and ``"test"`` (others allowed) to arrays by
+    field name, each with the rows along its first axis; every split has the
+    same fields, with the same dtype and row shape. Dtypes are kept.
+    ``hints`` are recorded for model factories (``num_classes``,
+    ``vocab_size``, ``context_length``); ``stats`` are figures about the
+    rows for people (:attr:`DatasetInfo.stats`). Raises :class:`DataError` naming the
+    first problem found, before anything is written.
+    """
+    _check_name(name)
+    missing = [s for s in SPLITS if s not in splits]
+    if missing:
+        raise DataError(f"a data set needs the splits {', '.join(SPLITS)}; missing {missing}")
+    arrays: dict[str, dict[str, np.ndarray]] = {}
+    for split, given in splits.items():
+        if not _FIELD_RE.fullmatch(split):
+            raise DataError(f"invalid split name {split!r}: letters, digits and '_'")
+        if not given:
+            raise DataError(f"the {split} split has no arrays")
+        arrays[split] = {}
+        for f, value in given.items():
+            if not _FIELD_RE.fullmatch(f):
+                raise DataError(f"invalid field name {f!r}: a letter, then letters, digits, '_'")
+            arrays[split][f] = _as_array(f"{f}_{split}", value)
+        rows = {len(a) for a in arrays[split].values()}
+        if len(rows) != 1:
+            sizes = ", ".join(f"{f} {len(a)}" for f, a in arrays[split].items())
+            raise DataError(f"the {split} split's arrays differ in rows ({sizes})")
+        if rows == {0}:
+            raise DataError(f"the {split} split is empty: need at least 1 row")
+    train = arrays["train"]
+    for split, fields in arrays.items():
+        if set(fields) != set(train):
+            raise DataError(
+                f"the {split} split has fields {sorted(fields)}, the train split {sorted(train)}"
+            )
+        for f, a in fields.items():
+            t = train[f]
+            if a.dtype != t.dtype or a.shape[1:] != t.shape[1:]:
+                raise DataError(
+                    f"{f}_{split} is {a.dtype} with rows of shape {a.shape[1:]}, but "
+                    f"{f}_train is {t.dtype} with rows of shape {t.shape[1:]}"
+                )
+
+    infos = {}
+    for split, fields in arrays.items():
+        described = {
+            f: ArrayInfo(a.dtype.name, tuple(int(d) for d in a.shape[1:]))
+            for f, a in fields.items()
+        }
+        n = len(next(iter(fields.values())))
+        row_bytes = sum(i.row_bytes for i in described.values())
+        infos[split] = SplitInfo(n, _rows_per_chunk(n, row_bytes), described)
+    info = DatasetInfo(
+        name=name,
+        fingerprint=dataset_fingerprint(arrays),
+        source=source,
+        splits=infos,
+        hints=dict(hints or {}),
+        stats={k: float(v) for k, v in (stats or {}).items()},
+    )
+    group = store.open_group(_group_path(name), mode="w")
+    for split, fields in arrays.items():
+        chunk = infos[split].rows_per_chunk
+        for f, a in fields.items():
+            group.create_array(f"{split}/{f}", data=a, chunks=(chunk, *a.shape[1:]))
+    group.update_attributes(
+        {
+            "format": FORMAT,
+            "name": name,
+            "source": source,
+            "created_at": dt.datetime.now(dt.UTC).isoformat(),
+            "fingerprint": info.fingerprint,
+            "hints": info.hints,
+            "stats": dict(info.stats),
+            "splits": {
+                s: {
+                    "rows": i.rows,
+                    "rows_per_chunk": i.rows_per_chunk,
+                    "arrays": {
+                        f: {"dtype": a.dtype, "shape": list(a.shape)} for f, a in i.arrays.items()
+                    },
+                }
+                for s, i in infos.items()
+            },
+        }
+    )
+    # Last: until this lands, readers see no data set (zarr has no rename).
+    group.update_attributes({"complete": True})
+    return info
+
+
+def write_dataset(
+    store: DatasetStore,
+    name: str,
+    x_train: Any,
+    y_train: Any,
+    x_test: Any,
+    y_test: Any,
+    *,
+    source: str,
+    num_classes: int | None = None,
+) -> DatasetInfo:
+    """Write a classification data set: samples ``x`` and integer labels ``y`` per split.
+
+    x keeps its dtype (with shape ``(rows, *input_shape)``); y holds integer
+    labels in ``[0, num_classes)``, one per row. ``num_classes`` defaults to
+    the largest label + 1; pass it when the top class may be absent.
+    Raises :class:`DataError` naming the first problem found.
+    """
+    _check_name(name)
+    splits = {"train": (x_train, y_train), "test": (x_test, y_test)}
+    arrays: dict[str, dict[str, np.ndarray]] = {}
+    for split, (x, y) in splits.items():
+        xs, ys = _as_array(f"x_{split}", x), np.asarray(y)
+        if xs.ndim < 2:
+            raise DataError(
+                f"x_{split} must have shape (rows, *sample_shape), got shape {xs.shape}"
+            )
+        if not np.issubdtype(ys.dtype, np.integer):
+            raise DataError(
+                f"y_{split} must hold integer class labels, got dtype {ys.dtype}; "
+                "convert with y.astype(np.int64)"
+            )
+        if ys.ndim != 1:
+            raise DataError(f"y_{split} must be 1-D (one label per row), got shape {ys.shape}")
+        if len(xs) == 0:
+            raise DataError(f"the {split} split is empty: need at least 1 row")
+        if len(xs) != len(ys):
+            raise DataError(f"x_{split} has {len(xs)} rows but y_{split} has {len(ys)}")
+        arrays[split] = {"x": xs, "y": np.ascontiguousarray(ys)}
+    if arrays["train"]["x"].shape[1:] != arrays["test"]["x"].shape[1:]:
+        raise DataError(
+            f"x_train samples have shape {arrays['train']['x'].shape[1:]} but x_test samples "
+            f"{arrays['test']['x'].shape[1:]}"
+        )
+    labels = [arrays[s]["y"] for s in splits]
+    lo, hi = min(int(y.min()) for y in labels), max(int(y.max()) for y in labels)
+    classes = operator.index(num_classes) if num_classes is not None else hi + 1
+    if classes < 1:
+        raise DataError(f"num_classes must be >= 1, got {classes}")
+    if lo < 0 or hi >= classes:
+        raise DataError(
+            f"labels must be integers in [0, {classes}), found values from {lo} to {hi}"
+        )
+    return write_arrays(store, name, arrays, source=source, hints={"num_classes": classes})
+
+
+# --------------------------------------------------------------------------
+# Opening
+# --------------------------------------------------------------------------
+
+
+def _not_found(store: DatasetStore, name: str) -> DataError:
+    return DataError(
+        f"data set '{name}' not found in store {store.uri('')}; create it with "
+        f"`vcdl data make digits|mnist1d|pytext` or `vcdl data import FILE --name {name}`"
+    )
+
+
+def _open_complete(store: DatasetStore, name: str) -> zarr.Group:
+    _check_name(name)
+    try:
+        group = store.open_group(_group_path(name), mode="r")
+    except (FileNotFoundError, KeyError, zarr.errors.BaseZarrError) as exc:
+        raise _not_found(store, name) from exc
+    if group.attrs.get("complete") is not True:
+        raise _not_found(store, name)
+    return group
+
+
+def _array_key(info: DatasetInfo, split: str, name: str) -> str:
+    return f"{split}/{name}" if info.format >= 2 else f"{name}_{split}"
+
+
+def _array(group: zarr.Group, info: DatasetInfo, split: str, name: str) -> zarr.Array:
+    key = _array_key(info, split, name)
+    try:
+        node = group[key]
+    except KeyError:
+        node = None
+    if not isinstance(node, zarr.Array):
+        raise DataError(f"data set '{info.name}' is malformed: array {key!r} is missing")
+    return node
+
+
+def _info_v1(group: zarr.Group, name: str, attrs: Mapping[str, Any]) -> DatasetInfo:
+    """A data set written before named arrays: x_train, y_train, x_test, y_test."""
+    splits = {}
+    for split in SPLITS:
+        x, y = group[f"x_{split}"], group[f"y_{split}"]
+        assert isinstance(x, zarr.Array) and isinstance(y, zarr.Array)
+        arrays = {
+            "x": ArrayInfo(np.dtype(x.dtype).name, tuple(int(d) for d in x.shape[1:])),
+            "y": ArrayInfo(np.dtype(y.dtype).name, ()),
+        }
+        splits[split] = SplitInfo(int(attrs[f"n_{split}"]), int(x.chunks[0]), arrays)
+    return DatasetInfo(
+        name=name,
+        fingerprint=str(attrs["fingerprint"]),
+        source=str(attrs["source"]),
+        splits=splits,
+        hints={"num_classes": int(attrs["num_classes"])},
+        format=1,
+    )
+
+
+def _info_from_group(group: zarr.Group, name: str, *, check: bool = True) -> DatasetInfo:
+    """The data set's description from its attributes; ``check`` compares it with the arrays."""
+    attrs: dict[str, Any] = dict(group.attrs)
+    try:
+        if "splits" not in attrs:
+            info = _info_v1(group, name, attrs)
+        else:
+            splits = {
+                s: SplitInfo(
+                    int(d["rows"]),
+                    int(d["rows_per_chunk"]),
+                    {
+                        f: ArrayInfo(str(a["dtype"]), tuple(int(n) for n in a["shape"]))
+                        for f, a in d["arrays"].items()
+                    },
+                )
+                for s, d in attrs["splits"].items()
+            }
+            info = DatasetInfo(
+                name=name,
+                fingerprint=str(attrs["fingerprint"]),
+                source=str(attrs["source"]),
+                splits=splits,
+                hints=dict(attrs.get("hints") or {}),
+                format=int(attrs.get("format", FORMAT)),
+                stats={str(k): float(v) for k, v in (attrs.get("stats") or {}).items()},
+            )
+        if any(s not in info.splits for s in SPLITS):
+            raise KeyError("splits")
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise DataError(f"data set '{name}' is malformed: bad or missing attribute {exc}") from exc
+    if not check:
+        return info
+    # Cheap metadata reads; catches a group edited by hand or by another tool.
+    for split, s in info.splits.items():
+        for f, a in s.arrays.items():
+            arr = _array(group, info, split, f)
+            if arr.shape != (s.rows, *a.shape) or np.dtype(arr.dtype) != np.dtype(a.dtype):
+                raise DataError(
+                    f"data set '{name}' is malformed: {f}_{split} is {arr.dtype} {arr.shape}, "
+                    f"its record says {a.dtype} {(s.rows, *a.shape)}"
+                )
+    return info
+
+
+def open_dataset(store: DatasetStore, name: str) -> DatasetInfo:
+    """Describe the complete data set ``name``; :class:`DataError` if missing or incomplete."""
+    return _info_from_group(_open_complete(store, name), name)
+
+
+def list_datasets(store: DatasetStore) -> list[DatasetInfo]:
+    """Every complete data set in the store, sorted by name; incomplete ones are skipped."""
+    names: set[str] = set()
+    for entry in store.list(DATASETS_PREFIX):
+        # Accept either child names or full paths from the store.
+        rel = entry.strip("/")
+        if rel == DATASETS_PREFIX:
+            continue
+        if rel.startswith(DATASETS_PREFIX + "/"):
+            rel = rel[len(DATASETS_PREFIX) + 1 :]
+        head = rel.split("/", 1)[0]
+        if head:
+            names.add(head)
+    infos = []
+    for name in sorted(names):
+        try:
+            infos.append(open_dataset(store, name))
+        except DataError:
+            continue  # incomplete (being written or crashed), malformed or a foreign name
+    return infos
+
+
+# --------------------------------------------------------------------------
+# Reading rows
+# --------------------------------------------------------------------------
+
+
+def read_arrays(
+    store: DatasetStore,
+    name: str,
+    split: str,
+    indices: np.ndarray | None = None,
+    *,
+    fields: Sequence[str] | None = None,
+    cache_bytes: int = 0,
+) -> dict[str, np.ndarray]:
+    """Rows of one split, by field, each in its stored dtype.
+
+    ``indices`` None reads the whole split; otherwise exactly those rows, in
+    the order given (repeats allowed). ``fields`` limits the arrays read.
+    Only the chunks holding the rows are read, unless the split is at most
+    ``cache_bytes`` decoded: it is then decoded once per process, kept
+    (:data:`vcdl.data.cache.split_cache`) and indexed in memory.
+    """
+    group = _open_complete(store, name)
+    # Each array read below checks its own shape; the hot path reads no others.
+    info = _info_from_group(group, name, check=False)
+    if split not in info.splits:
+        raise DataError(f"split must be one of {sorted(info.splits)}, got {split!r}")
+    described = info.splits[split]
+    wanted = list(described.arrays) if fields is None else list(fields)
+    unknown = [f for f in wanted if f not in described.arrays]
+    if unknown:
+        raise DataError(
+            f"data set '{name}' has no field(s) {unknown} (fields: {', '.join(described.arrays)})"
+        )
+    arrays = {f: _array(group, info, split, f) for f in wanted}
+    n = described.rows
+    if indices is None:
+        return {f: np.asarray(a[...]) for f, a in arrays.items()}
+    idx = np.asarray(indices)
+    if idx.ndim != 1:
+        raise DataError(f"indices must be 1-D, got shape {idx.shape}")
+    if idx.size == 0:
+        return {f: np.empty((0, *a.shape[1:]), dtype=a.dtype) for f, a in arrays.items()}
+    if not np.issubdtype(idx.dtype, np.integer):
+        raise DataError(f"indices must be integers, got dtype {idx.dtype}")
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0 or hi >= n:
+        raise DataError(
+            f"indices out of range for the {split} split of '{name}' ({n} rows): "
+            f"found values from {lo} to {hi}"
+        )
+    if cache_bytes > 0:
+        key = (store.uri(_group_path(name)), split, info.fingerprint, tuple(wanted))
+        cached = split_cache.arrays(key, arrays, cache_bytes)
+        if cached is not None:
+            return {f: a[idx] for f, a in cached.items()}  # fancy indexing: fresh copies
+    # Zarr's orthogonal selection wants sorted unique indices; map back after.
+    uniq, inverse = np.unique(idx, return_inverse=True)
+    return {f: np.asarray(a.oindex[uniq])[inverse] for f, a in arrays.items()}
+
+
+def read_rows(
+    store: DatasetStore,
+    name: str,
+    split: str,
+    indices: np.ndarray | None = None,
+    cache_bytes: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of a classification data set's split as ``(x, y)`` (:func:`read_arrays`)."""
+    got = read_arrays(store, name, split, indices, fields=("x", "y"), cache_bytes=cache_bytes)
+    return got["x"], got["y"]

@@ -1,0 +1,264 @@
+"""The assimilator: folds one finished attempt's result into the run's head.
+
+This module owns the merge side of the hot path (docs/design.md §1-2): read the
+result, validate it, pick α (schedule × staleness policy), compute the new
+weights with the pure functions of :mod:`vcdl.merge`, write them as a new
+immutable version group, and move the head by compare-and-swap in the ledger.
+The read, the merge and the write are streamed a batch of tensors at a time
+and overlap (:mod:`vcdl.driver.streamed`): the result is never whole in the
+driver's memory.
+
+Crash safety comes from the order: the version group is written completely
+before the ledger points at it, and its path carries the attempt id, so a
+merger that loses the CAS race (or dies) leaves an orphan group the ledger
+never names — never a torn head. Exactly-once comes from the ledger's unique
+(run, subtask) constraint on versions, not from this module's care.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from vcdl.config import RunConfig
+from vcdl.driver.head_cache import HeadCache, head_cache
+from vcdl.driver.streamed import Decoded, streamed_check, streamed_merge
+from vcdl.errors import AlreadyMerged, HeadConflict, IntegrityError, StoreNotFoundError
+from vcdl.ledger import Attempt, Version
+from vcdl.merge.codec import PRECISIONS
+from vcdl.merge.rules import merge_rule
+from vcdl.runtime import RunRef
+from vcdl.states import MERGEABLE_ATTEMPT_STATES
+from vcdl.store import WeightStore
+from vcdl.store.paths import rule_state_path, version_path
+from vcdl.store.streaming import TensorSource, specs_of
+from vcdl.types import StateDict
+
+MergeKind = Literal["merged", "duplicate", "rejected", "skipped"]
+
+
+@dataclass
+class MergeOutcome:
+    """What happened to one result."""
+
+    attempt_id: str
+    kind: MergeKind
+    version: int | None = None
+    alpha: float | None = None
+    staleness: int | None = None
+    reason: str | None = None
+    retries: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _reject(ref: RunRef, attempt: Attempt, reason: str, timings: dict[str, float]) -> MergeOutcome:
+    ref.ledger().finish_attempt(
+        attempt.id,
+        state="rejected",
+        result_uri=attempt.result_uri,
+        samples=attempt.samples,
+        loss=attempt.loss,
+        train_seconds=attempt.train_seconds,
+        reason=reason,
+    )
+    return MergeOutcome(attempt.id, "rejected", reason=reason, timings=timings)
+
+
+def merge_attempt(
+    ref: RunRef,
+    attempt_id: str,
+    cfg: RunConfig,
+    cache: HeadCache | None = None,
+    max_retries: int = 1000,
+) -> MergeOutcome:
+    """Merge one attempt's result into the head, at most once."""
+    ledger, store = ref.ledger(), ref.store()
+    rule = merge_rule(cfg.merge)
+    cache = cache if cache is not None else head_cache(cfg)
+    timings: dict[str, float] = {}
+    attempt = ledger.get_attempt(attempt_id)
+    if attempt.state not in MERGEABLE_ATTEMPT_STATES or attempt.result_uri is None:
+        return MergeOutcome(attempt_id, "skipped", reason=f"attempt is {attempt.state}")
+
+    t = time.perf_counter()
+    try:
+        # Streamed: the result is read a batch of tensors at a time while the
+        # new version is merged and written (vcdl.driver.streamed).
+        stored = store.reader(attempt.result_uri)
+    except (IntegrityError, StoreNotFoundError) as exc:
+        return _reject(ref, attempt, f"result unreadable: {exc}", timings)
+    timings["read_result"] = time.perf_counter() - t
+    result: TensorSource = stored
+    base: StateDict | TensorSource | None = None
+    encoding = stored.attrs.get("encoding", "full")
+    if encoding not in PRECISIONS:
+        return _reject(ref, attempt, f"result has an unknown encoding {encoding!r}", timings)
+    if encoding != "full":
+        # A change from the base version: decoded batch by batch against it.
+        base = _base_of(ref, attempt, cache)
+        decoded = Decoded(stored, base, encoding)
+        if decoded.problem is not None:
+            return _reject(ref, attempt, decoded.problem, timings)
+        result = decoded
+
+    for retry in range(max_retries):
+        t = time.perf_counter()
+        head_row = ledger.head(ref.run)
+        head = cache.get(head_row, store.read_state)
+        timings["read_head"] = timings.get("read_head", 0.0) + time.perf_counter() - t
+
+        staleness = head_row.number - attempt.base_version
+        merged_in_epoch = sum(
+            1 for s in ledger.subtasks(ref.run, attempt.epoch) if s.state == "merged"
+        )
+        alpha = rule.alpha(attempt.epoch, cfg.run.epochs, staleness, merged_in_epoch)
+        if alpha is None:
+            # A bad result is rejected as bad, not as stale.
+            try:
+                reason = streamed_check(rule, head, result)
+            except (IntegrityError, StoreNotFoundError) as exc:
+                reason = f"result unreadable: {exc}"
+            return _reject(
+                ref,
+                attempt,
+                reason or f"stale: staleness {staleness} > {cfg.merge.max_staleness}",
+                timings,
+            )
+        blend_alpha = alpha
+        if attempt.state == "interrupted" and attempt.samples is not None:
+            # A partial result counts in proportion to the samples it saw: the
+            # result scaled towards the head by f (scale_result), then merged
+            # with alpha, is the head merged with the raw result at
+            # 1 - (1 - alpha) * f; one pass and no scaled copy of the result.
+            planned = max(1, _planned_samples(ref, attempt))
+            fraction = min(1.0, attempt.samples / planned)
+            blend_alpha = 1.0 - (1.0 - alpha) * fraction
+
+        if base is None and rule.reads_base:
+            # The same whatever the head does meanwhile: found once, not at every
+            # CAS retry.
+            t = time.perf_counter()
+            base = _base_of(ref, attempt, cache)
+            timings["read_base"] = time.perf_counter() - t
+
+        state = (
+            cache.rule_state(head_row, lambda v: _read_rule_state(ref, store, v))
+            if rule.keeps_state
+            else None
+        )
+        number = head_row.number + 1
+        path = version_path(ref.run, number, attempt.id[:12])
+        attrs = {
+            "run": ref.run,
+            "number": number,
+            "parent": head_row.number,
+            "attempt": attempt.id,
+            "epoch": attempt.epoch,
+            "shard": attempt.shard,
+            "alpha": alpha,
+            "staleness": staleness,
+        }
+        # Read, merge (validation fused with the blend) and write, overlapped.
+        t = time.perf_counter()
+        spare = cache.take_spare(rule, head)
+        try:
+            streamed = streamed_merge(
+                rule,
+                head,
+                result,
+                blend_alpha,
+                functools.partial(store.writer, path, specs_of(head), attrs),
+                base=base if rule.reads_base else None,
+                state=state,
+                out=spare,
+            )
+        except (IntegrityError, StoreNotFoundError) as exc:
+            cache.give_back(spare)
+            return _reject(ref, attempt, f"result unreadable: {exc}", timings)
+        timings["merge"] = timings.get("merge", 0.0) + time.perf_counter() - t
+        if streamed.applied is None:
+            cache.give_back(spare)
+            return _reject(ref, attempt, streamed.reason or "rejected", timings)
+        merged = streamed.applied
+        new = merged.weights
+        checksum = streamed.checksum
+        assert checksum is not None
+
+        t = time.perf_counter()
+        # The rule's state after this merge, beside the version (written before
+        # the head moves, so the head always has its state; an orphan otherwise).
+        state_path = rule_state_path(ref.run, path)
+        if merged.state is not None:
+            store.write_state(state_path, merged.state, attrs={"run": ref.run, "number": number})
+        timings["write_version"] = timings.get("write_version", 0.0) + time.perf_counter() - t
+
+        t = time.perf_counter()
+        try:
+            version = ledger.commit_merge(
+                ref.run,
+                attempt.id,
+                expected_head=head_row.number,
+                uri=path,
+                checksum=checksum,
+                alpha=alpha,
+                staleness=staleness,
+            )
+        except HeadConflict:
+            # Another merger moved the head first: our groups are orphans.
+            _delete(store, path, state_path if merged.state is not None else None)
+            continue
+        except AlreadyMerged:
+            _delete(store, path, state_path if merged.state is not None else None)
+            store.delete(attempt.result_uri)
+            return MergeOutcome(
+                attempt.id, "duplicate", reason="subtask already merged", timings=timings
+            )
+        finally:
+            timings["ledger"] = timings.get("ledger", 0.0) + time.perf_counter() - t
+        cache.put(version.number, new, owned=True)
+        if rule.keeps_state:
+            cache.put_rule_state(version.number, merged.state)
+            # Only the head's state is ever read again.
+            store.delete(rule_state_path(ref.run, head_row.uri))
+        # The result is folded into the version now; keep the store lean.
+        store.delete(attempt.result_uri)
+        return MergeOutcome(
+            attempt.id,
+            "merged",
+            version=version.number,
+            alpha=alpha,
+            staleness=staleness,
+            retries=retry,
+            timings=timings,
+        )
+    raise HeadConflict(f"gave up merging attempt {attempt_id} after {max_retries} CAS conflicts")
+
+
+def _base_of(ref: RunRef, attempt: Attempt, cache: HeadCache) -> StateDict | TensorSource:
+    """The weights of the attempt's base version: kept in memory when recent (the cache
+    never writes into a buffer an input uses), else streamed from the store."""
+    row = ref.ledger().get_version(ref.run, attempt.base_version)
+    kept = cache.cached(row.number)
+    return kept if kept is not None else ref.store().reader(row.uri)
+
+
+def _read_rule_state(ref: RunRef, store: WeightStore, version: Version) -> StateDict | None:
+    """The rule's state stored beside ``version``; None before the first merge."""
+    path = rule_state_path(ref.run, version.uri)
+    return store.read_state(path) if store.exists(path) else None
+
+
+def _delete(store: WeightStore, *paths: str | None) -> None:
+    for path in paths:
+        if path is not None:
+            store.delete(path)
+
+
+def _planned_samples(ref: RunRef, attempt: Attempt) -> int:
+    attrs = ref.store().read_attrs(attempt.result_uri or "")
+    return int(attrs.get("planned_samples") or attempt.samples or 1)

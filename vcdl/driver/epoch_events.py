@@ -1,0 +1,272 @@
+"""The vocabulary of the epoch's state machine: facts, events in, instructions out, the policy.
+
+:class:`~vcdl.driver.epoch_state.EpochState` is told what happened (an
+:data:`Event`, carrying the ledger's facts it needs: :class:`AttemptFact`)
+and answers with what to do (:data:`Instruction`); ``flows/epoch.py`` carries
+the instructions out. Plain frozen data; no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal, Protocol
+
+from vcdl.config import RunConfig
+
+Key = tuple[int, int]
+"""A subtask: (epoch, shard)."""
+
+
+FREE_HANDBACKS = 20
+"""Hand-backs from workers under notice that a subtask may see without their counting
+as attempts. Such a worker leaves Dask's pool (vcdl/worker/preemption.py), so a
+subtask meets one only when it was queued there before the notice; past this many
+the workers are not leaving, and reissuing would spin."""
+
+
+@dataclass(frozen=True)
+class AttemptFact:
+    """One attempt of a subtask as the ledger has it (what the rules need of the row)."""
+
+    id: str
+    key: Key
+    number: int
+    state: str
+    samples: int | None = None
+    worker: str = ""
+    started_at: datetime | None = None
+
+
+class _AttemptRow(Protocol):
+    @property
+    def id(self) -> str: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def shard(self) -> int: ...
+    @property
+    def number(self) -> int: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def samples(self) -> int | None: ...
+    @property
+    def worker(self) -> str: ...
+    @property
+    def started_at(self) -> datetime: ...
+
+
+def fact(row: _AttemptRow) -> AttemptFact:
+    """The :class:`AttemptFact` of a ledger row."""
+    return AttemptFact(
+        row.id,
+        (row.epoch, row.shard),
+        row.number,
+        row.state,
+        row.samples,
+        row.worker,
+        row.started_at,
+    )
+
+
+@dataclass(frozen=True)
+class EpochPolicy:
+    """The run's fault settings for one epoch (``fault.*`` of the config)."""
+
+    epoch: int
+    shards: int
+    final: bool = False
+    max_attempts: int = 4
+    attempt_timeout: float = 900.0
+    partial: Literal["scale", "discard"] = "scale"
+    quorum: float = 1.0
+    straggler_timeout: float = 60.0
+    late: Literal["reissue", "drop"] = "reissue"
+    free_handbacks: int = FREE_HANDBACKS
+
+    @classmethod
+    def of(cls, cfg: RunConfig, epoch: int, final: bool) -> EpochPolicy:
+        """The policy for ``epoch`` of a run with config ``cfg``."""
+        f = cfg.fault
+        return cls(
+            epoch=epoch,
+            shards=cfg.data.shards,
+            final=final,
+            max_attempts=f.max_attempts,
+            attempt_timeout=f.attempt_timeout,
+            partial=f.partial,
+            quorum=f.quorum,
+            straggler_timeout=f.straggler_timeout,
+            late=f.late,
+        )
+
+
+@dataclass(frozen=True)
+class Opened:
+    """The epoch starts (or restarts, after a driver died): the ledger's state."""
+
+    todo: tuple[Key, ...]
+    """Open subtasks of this epoch, and of earlier ones (deferred to it)."""
+    stranded: tuple[AttemptFact, ...] = ()
+    """Attempts of epochs up to this one still "running": lost with a previous driver."""
+    leftovers: tuple[AttemptFact, ...] = ()
+    """Finished or interrupted attempts with a result not yet merged."""
+    merged: int = 0
+    """This epoch's subtasks merged already."""
+
+
+@dataclass(frozen=True)
+class TaskReturned:
+    """A shard task returned; ``kind`` says what its worker did."""
+
+    key: Key
+    kind: Literal["finished", "interrupted", "skipped", "handed_back"]
+    attempts: tuple[AttemptFact, ...]
+    """The subtask's attempts as the ledger lists them now."""
+    attempt_id: str | None = None
+    worker: str = ""
+    samples: int = 0
+    planned_samples: int = 0
+
+
+@dataclass(frozen=True)
+class TaskLost:
+    """A shard task brought no result: it raised, or every worker running it died."""
+
+    key: Key
+    reason: str
+    attempts: tuple[AttemptFact, ...]
+    crashed: str | None = None
+    """Set when Dask gave up on the task (its workers died): the message for Prefect's
+    task run, which its engine cannot finish itself."""
+
+
+@dataclass(frozen=True)
+class MergeDone:
+    """The assimilator's outcome for a :class:`Merge` instruction."""
+
+    key: Key
+    attempt_id: str
+    kind: Literal["merged", "duplicate", "rejected", "skipped"]
+    reason: str | None = None
+    version: int | None = None
+    alpha: float | None = None
+    staleness: int | None = None
+    attempts: tuple[AttemptFact, ...] = ()
+    """Required when ``kind`` is "rejected" or "skipped" (the result is lost: reissue)."""
+
+
+@dataclass(frozen=True)
+class DeadlinePassed:
+    """Running attempts of a subtask in flight passed their deadline."""
+
+    key: Key
+    late: tuple[AttemptFact, ...]
+    attempts: tuple[AttemptFact, ...]
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed (a monotonic clock, seconds): the quorum deadline may have come."""
+
+    now: float
+
+
+Event = Opened | TaskReturned | TaskLost | MergeDone | DeadlinePassed | Tick
+
+
+@dataclass(frozen=True)
+class Submit:
+    """Submit the subtask's shard task; ``number`` counts its submissions (1, 2, ...)."""
+
+    key: Key
+    number: int
+
+
+@dataclass(frozen=True)
+class Merge:
+    """Merge the attempt's result; answer with :class:`MergeDone`."""
+
+    key: Key
+    attempt_id: str
+
+
+@dataclass(frozen=True)
+class Abandon:
+    """Record that these attempts are given up on, if they are still running."""
+
+    attempts: tuple[AttemptFact, ...]
+    state: Literal["killed", "timeout"]
+    reason: str
+
+
+@dataclass(frozen=True)
+class AbandonRunning:
+    """Whatever attempts of the subtask are still running: killed (read them then)."""
+
+    key: Key
+    reason: str
+
+
+@dataclass(frozen=True)
+class Reject:
+    """Record a result as rejected without merging it."""
+
+    attempt_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Close:
+    """Set the subtask's state: failed (budget spent), dropped or deferred (quorum)."""
+
+    key: Key
+    state: Literal["failed", "dropped", "deferred"]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Forget the subtask's ``number``-th task: cancel it, and say why in its Prefect run."""
+
+    key: Key
+    number: int
+    message: str
+
+
+@dataclass(frozen=True)
+class MarkCrashed:
+    """Tell Prefect the subtask's ``number``-th task run crashed (its engine died with it)."""
+
+    key: Key
+    number: int
+    message: str
+
+
+@dataclass(frozen=True)
+class Say:
+    """A line for the run's log, at a :mod:`logging` level."""
+
+    level: int
+    message: str
+
+
+Instruction = (
+    Submit | Merge | Abandon | AbandonRunning | Reject | Close | Cancel | MarkCrashed | Say
+)
+
+
+@dataclass(frozen=True)
+class RecordDuplicate:
+    """The attempt's subtask was merged from another attempt: record it, delete its result."""
+
+    attempt_id: str
+    result_uri: str | None
+
+
+@dataclass(frozen=True)
+class DropCheckpoint:
+    """Nothing resumes the attempt's checkpoint any more: forget and delete it."""
+
+    attempt_id: str

@@ -1,0 +1,230 @@
+"""Runs: create or resume one, evaluate a version, export weights.
+
+This module owns the life of a run outside the epoch loop. Creating a run
+validates everything first (data set, model factory) and only then writes
+v0 and the ledger rows, so bad input leaves the ledger untouched. Resuming
+checks that the new config does not change what the run *is* (data, model,
+training and merge settings) and may extend the number of epochs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vcdl.config import RunConfig
+from vcdl.data import (
+    DatasetInfo,
+    make_digits,
+    make_mnist1d,
+    make_pytext,
+    open_dataset,
+    read_arrays,
+)
+from vcdl.errors import ConfigError, DataError
+from vcdl.ledger import Evaluation, Run
+from vcdl.models import build_model
+from vcdl.objectives import objective_for
+from vcdl.runtime import RunRef
+from vcdl.store import WeightStore
+from vcdl.store.paths import results_prefix, rule_state_prefix, version_path, versions_prefix
+from vcdl.types import StateDict
+from vcdl.views.prices import run_prices
+from vcdl.worker.loop import evaluate, snapshot
+
+# Sections that define what a run computes: a resumed run must keep them.
+_IDENTITY_SECTIONS = ("data", "model", "train", "merge")
+
+
+def ensure_dataset(store: WeightStore, cfg: RunConfig) -> DatasetInfo:
+    """Open the run's data set, generating the built-in ones on first use."""
+    name = cfg.data.name
+    try:
+        return open_dataset(store, name)
+    except DataError:
+        if name == "digits":
+            return make_digits(store, name=name)
+        if name == "mnist1d":
+            return make_mnist1d(store, name=name, samples=cfg.data.samples or 40_000)
+        if name == "pytext":
+            return make_pytext(store, name=name)
+        raise
+
+
+def new_model(cfg: RunConfig, info: DatasetInfo) -> nn.Module:
+    """The run's model, initialized from the run's seed."""
+    torch.manual_seed(cfg.run.seed)
+    return build_model(cfg.model.factory, cfg.model.kwargs, hints=info.factory_hints())
+
+
+def _differences(old: RunConfig, new: RunConfig) -> list[str]:
+    out = []
+    a, b = old.model_dump(), new.model_dump()
+    for section in _IDENTITY_SECTIONS:
+        for key in sorted(set(a[section]) | set(b[section])):
+            if section == "data" and key == "eval_batch_size":
+                continue
+            if a[section].get(key) != b[section].get(key):
+                out.append(f"{section}.{key}: {a[section].get(key)!r} -> {b[section].get(key)!r}")
+    if old.run.seed != new.run.seed:
+        out.append(f"run.seed: {old.run.seed} -> {new.run.seed}")
+    return out
+
+
+def prepare_run(
+    cfg: RunConfig,
+    init_state: StateDict | None = None,
+    parent: tuple[str, int] | None = None,
+) -> tuple[RunRef, Run, bool]:
+    """Create the run described by ``cfg``, or find it to resume.
+
+    Returns the reference, the ledger row and whether it was resumed. A new
+    run's v0 is a fresh initialization, or ``init_state`` (a warm start: it
+    must fit the run's model exactly) with ``parent`` = (run, version) it
+    came from recorded in the ledger. v0's attributes record the data set's
+    fingerprint (``data_fingerprint``), which the retrain flow compares.
+    """
+    ref = RunRef.from_config(cfg)
+    store = ref.store()
+    info = ensure_dataset(store, cfg)
+    model = new_model(cfg, info)  # fails here, before any ledger write, on a bad factory
+    run_prices(cfg.cost)  # and here on an instance type without a price
+    ledger = ref.ledger()
+    existing = ledger.find_run(ref.run)
+    if existing is not None:
+        stored = RunConfig.model_validate_json(existing.config)
+        diff = _differences(stored, cfg)
+        if diff:
+            raise ConfigError(
+                f"run '{ref.run}' exists with different settings ({'; '.join(diff)}); "
+                "resume it with its own config or start a new run with --run NEW_NAME"
+            )
+        if stored != cfg:
+            existing = ledger.update_run(ref.run, config=cfg.model_dump_json())
+        return ref, existing, True
+    state = snapshot(model)
+    attrs: dict[str, Any] = {"run": ref.run, "number": 0, "data_fingerprint": info.fingerprint}
+    if init_state is not None:
+        _check_fits(state, init_state)
+        state = init_state
+    if parent is not None:
+        attrs |= {"parent_run": parent[0], "parent_version": parent[1]}
+    path = version_path(ref.run, 0, "init" if parent is None else "warm")
+    store.write_state(path, state, attrs=attrs)
+    run = ledger.create_run(
+        ref.run,
+        cfg.model_dump_json(),
+        path,
+        store.checksum(path),
+        parent_run=parent[0] if parent else None,
+        parent_version=parent[1] if parent else None,
+    )
+    return ref, run, False
+
+
+def _check_fits(model_state: StateDict, init_state: StateDict) -> None:
+    """A warm start's weights must match the run's model key for key, shape for shape."""
+    if set(model_state) != set(init_state):
+        raise ConfigError(
+            "warm start: the parent's tensors do not match the model "
+            f"(missing {sorted(set(model_state) - set(init_state))[:5]}, "
+            f"unexpected {sorted(set(init_state) - set(model_state))[:5]})"
+        )
+    for k, t in model_state.items():
+        if init_state[k].shape != t.shape or init_state[k].dtype != t.dtype:
+            raise ConfigError(
+                f"warm start: tensor {k} is {tuple(init_state[k].shape)} "
+                f"{init_state[k].dtype} in the parent but {tuple(t.shape)} {t.dtype} "
+                "in the model (a different data set shape or model config?)"
+            )
+
+
+def clean_orphans(ref: RunRef) -> list[str]:
+    """Delete groups the ledger does not name; returns their names.
+
+    Version groups left by a crash or a lost CAS, result and checkpoint
+    groups of workers killed between writing one and recording it, and merge
+    rule states of versions other than the head (only the head's is read
+    again; a crash between the merge and deleting the previous one leaves
+    it). Called by
+    a resuming driver before it submits anything: a worker of the dead
+    driver still running elsewhere may record a result this just deleted,
+    which the merge then rejects as unreadable and the driver reissues.
+    """
+    store, ledger = ref.store(), ref.ledger()
+    named = {
+        versions_prefix(ref.run): {v.uri.rsplit("/", 1)[-1] for v in ledger.versions(ref.run)},
+        results_prefix(ref.run): {
+            uri.rsplit("/", 1)[-1]
+            for a in ledger.attempts(ref.run)
+            for uri in (a.result_uri, a.checkpoint_uri)
+            if uri
+        },
+        rule_state_prefix(ref.run): {ledger.head(ref.run).uri.rsplit("/", 1)[-1]},
+    }
+    removed = []
+    for prefix, known in named.items():
+        for name in store.list(prefix):
+            if name not in known:
+                store.delete(f"{prefix}/{name}")
+                removed.append(name)
+    return removed
+
+
+def load_version(ref: RunRef, number: int | None = None) -> tuple[int, dict[str, torch.Tensor]]:
+    """A version's weights (default: the head), checksums verified."""
+    ledger = ref.ledger()
+    row = ledger.head(ref.run) if number is None else ledger.get_version(ref.run, number)
+    return row.number, ref.store().read_state(row.uri)
+
+
+def evaluate_version(
+    ref: RunRef,
+    cfg: RunConfig,
+    number: int | None = None,
+    epoch: int | None = None,
+    split: str = "test",
+    dataset: str | None = None,
+) -> Evaluation:
+    """Evaluate a version on a split of a data set by the run's objective; record it."""
+    store = ref.store()
+    name = dataset or cfg.data.name
+    info = open_dataset(store, name)
+    objective = objective_for(cfg.train)
+    objective.check(info.fields)
+    number, state = load_version(ref, number)
+    arrays = read_arrays(store, name, split, fields=objective.fields or None)
+    model = new_model(cfg, info)
+    metrics = evaluate(model, state, arrays, objective, cfg.data.eval_batch_size, cfg.train.device)
+    return ref.ledger().record_evaluation(
+        ref.run,
+        number,
+        epoch,
+        split if dataset is None else f"{name}:{split}",
+        metrics.get("accuracy"),
+        metrics["loss"],
+        len(next(iter(arrays.values()))),
+        metrics=metrics,
+    )
+
+
+def export_version(ref: RunRef, out: str | Path, number: int | None = None) -> tuple[int, Path]:
+    """Write a version as ``.safetensors`` or a plain ``.pt`` state dict."""
+    out = Path(out)
+    if out.suffix not in (".safetensors", ".pt"):
+        raise ConfigError(f"cannot export to {out}: use a .safetensors or .pt file name")
+    number, state = load_version(ref, number)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.contiguous() for k, v in state.items()}
+    if out.suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        meta: dict[str, Any] = {"run": ref.run, "version": str(number), "format": "pt"}
+        save_file(tensors, str(out), metadata=meta)
+    else:
+        # A plain dict of tensors: loads with torch.load(weights_only=True).
+        torch.save(tensors, out)
+    return number, out

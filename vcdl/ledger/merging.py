@@ -1,0 +1,205 @@
+"""The merge in the ledger: version ``expected + 1`` and the head, at most once per subtask.
+
+One transaction (one statement on PostgreSQL, :mod:`vcdl.ledger.pg`; SQLite's
+plain statements under its write lock, :mod:`vcdl.ledger.sqlite`): the
+head's compare-and-swap, the new version row, the attempt and subtask
+marked merged. A subtask merged before makes the attempt a duplicate
+(:class:`~vcdl.errors.AlreadyMerged`); a head that moved on changes
+nothing (:class:`HeadMoved`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Connection, select
+from sqlalchemy.exc import IntegrityError
+
+from vcdl.errors import AlreadyMerged, HeadConflict, LedgerError
+from vcdl.ledger import models
+from vcdl.ledger.base import _HEAD_ROW, _PG_COMMIT_MERGE, _VER
+from vcdl.ledger.models import (
+    Version,
+)
+from vcdl.ledger.pg import (
+    COMMIT_MERGE_FIELDS,
+)
+from vcdl.ledger.rows import load
+from vcdl.ledger.sqlite import (
+    MERGE_SOURCES,
+    MergeRow,
+    commit_merge_row,
+    mark_duplicate,
+)
+from vcdl.ledger.versions import VersionQueries
+from vcdl.states import (
+    MERGEABLE_ATTEMPT_STATES,
+    check_attempt_move,
+    check_subtask_move,
+)
+
+
+class HeadMoved(HeadConflict):
+    """The :class:`HeadConflict` of a merge onto a head that had moved on.
+
+    ``head`` is the head :meth:`Ledger.commit_merge` found: merge onto it and
+    retry, without reading the head again.
+    """
+
+    def __init__(self, message: str, head: Version) -> None:
+        super().__init__(message)
+        self.head = head
+
+    def __reduce__(self) -> tuple[type[HeadMoved], tuple[str, Version]]:
+        # Exceptions cross process boundaries (Dask, Prefect) by pickle.
+        return type(self), (str(self), self.head)
+
+
+class _LostRace(Exception):
+    """Internal: the version insert hit a unique constraint inside commit_merge."""
+
+
+def _merge_row(row: tuple[Any, ...] | None) -> MergeRow | None:
+    """The :class:`MergeRow` of a row of the PostgreSQL merge statement."""
+    if row is None:
+        return None
+    fields, head = row[:COMMIT_MERGE_FIELDS], row[COMMIT_MERGE_FIELDS:]
+    run, subtask_id, epoch, state, subtask_state, merged_version, version_id = fields
+    return MergeRow(
+        run,
+        subtask_id,
+        epoch,
+        state,
+        subtask_state,
+        merged_version,
+        version_id,
+        None if head[0] is None else _HEAD_ROW.load(head),
+    )
+
+
+class MergeQueries(VersionQueries):
+    """The merge."""
+
+    def commit_merge(
+        self,
+        name: str,
+        attempt_id: str,
+        *,
+        expected_head: int,
+        uri: str,
+        checksum: str,
+        alpha: float,
+        staleness: int,
+    ) -> Version:
+        """Make the attempt's merged weights version ``expected_head + 1`` and the head.
+
+        One transaction. Raises :class:`AlreadyMerged` (after marking the
+        attempt "duplicate") if the subtask has a merged version, and
+        :class:`HeadConflict` (changing nothing) if the head is no longer
+        ``expected_head``: merge onto the current head and call again. That
+        head comes with the error when it is known (:class:`HeadMoved`), so
+        the retry need not read it again.
+        """
+        new, now = expected_head + 1, models.utcnow()
+        params = {
+            "attempt_id": attempt_id,
+            "run": name,
+            "expected": expected_head,
+            "new": new,
+            "now": now,
+            "alpha": alpha,
+            "staleness": staleness,
+            "uri": uri,
+            "checksum": checksum,
+        }
+
+        def outcome(
+            row: MergeRow | None, read_head: Callable[[], Version]
+        ) -> Version | tuple[int, str]:
+            if row is None:
+                raise LedgerError(f"no attempt {attempt_id!r} in ledger {self._display}")
+            if row.run != name:
+                raise LedgerError(f"attempt {attempt_id} belongs to run {row.run!r}, not {name!r}")
+            if row.merged_version is not None:
+                return row.merged_version, row.state  # AlreadyMerged, below
+            if row.version_id is None and row.state not in MERGEABLE_ATTEMPT_STATES:
+                check_attempt_move(row.state, "merged", f"attempt {attempt_id}")
+            if row.version_id is None and row.subtask_state not in MERGE_SOURCES:
+                what = f"subtask epoch {row.epoch} of attempt {attempt_id}"
+                check_subtask_move(row.subtask_state, "merged", what)
+            if row.version_id is None:
+                # The head as it is now: as the statement saw it, or a new read.
+                head = row.head or read_head()
+                raise HeadMoved(
+                    f"head of run {name!r} is v{head.number}, not v{expected_head}: "
+                    "merge onto that head and retry",
+                    head,
+                )
+            version = {"id": row.version_id, "run": name, "number": new, "parent": expected_head}
+            return load(
+                Version,
+                version
+                | {"subtask_id": row.subtask_id, "attempt_id": attempt_id, "epoch": row.epoch}
+                | {"alpha": alpha, "staleness": staleness, "uri": uri, "checksum": checksum}
+                | {"created_at": now},
+            )
+
+        def conflict() -> LedgerError:
+            return HeadConflict(
+                f"run {name!r}: concurrent merges collided (serialization failure); "
+                "re-read the head, merge onto it and retry"
+            )
+
+        def tx(c: Connection) -> Version | tuple[int, str]:
+            try:
+                row = commit_merge_row(c, params)
+            except IntegrityError as exc:
+                raise _LostRace() from exc
+            return outcome(row, lambda: self._head(c, name))
+
+        try:
+            if self._pg is None:
+                result = self._db.single(tx, on_transient=conflict)
+            else:
+                try:
+                    pg_row = self._pg.fetch_one(_PG_COMMIT_MERGE, params, on_transient=conflict)
+                except IntegrityError as exc:
+                    raise _LostRace() from exc
+                result = outcome(_merge_row(pg_row), lambda: self.head(name))
+        except _LostRace as race:
+            merged = self._after_lost_race(attempt_id)
+            if merged is None:
+                raise LedgerError(
+                    f"merge of attempt {attempt_id} into run {name!r} as v{new} violated a "
+                    f"constraint other than at-most-once: {race.__cause__}"
+                ) from race
+            result = merged
+        if isinstance(result, tuple):
+            number, state = result
+            what = "it was this attempt" if state == "merged" else "attempt recorded as duplicate"
+            raise AlreadyMerged(
+                f"subtask of attempt {attempt_id} (run {name!r}) is already merged as "
+                f"v{number}; {what}, nothing merged again"
+            )
+        return result
+
+    def _after_lost_race(self, attempt_id: str) -> tuple[int, str] | None:
+        """After a unique violation: mark the attempt duplicate if its subtask has a version.
+
+        Returns that version's number and the attempt's state, or None when the
+        violation was something else.
+        """
+
+        def tx(c: Connection) -> tuple[int, str] | None:
+            attempt = self._get_attempt(c, attempt_id)
+            number = c.execute(
+                select(_VER.c.number).where(
+                    _VER.c.run == attempt.run, _VER.c.subtask_id == attempt.subtask_id
+                )
+            ).scalar()
+            if number is None:
+                return None
+            return number, mark_duplicate(c, attempt_id, attempt.state, number, models.utcnow())
+
+        return self._db.write(tx)

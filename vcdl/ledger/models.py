@@ -1,0 +1,176 @@
+"""The ledger's tables: runs, subtasks, attempts, versions, evaluations.
+
+This module owns the schema only (SQLModel ``table=True`` classes, their
+constraints and the UTC timestamp column type); the queries live in
+:mod:`vcdl.ledger`. Table and column names are a contract: flows, the CLI and
+reports are written against them.
+
+The at-most-once merge of docs/design.md §1.4 is the unique constraint
+``uq_version_run_subtask`` on ``version(run, subtask_id)``: a second version for
+the same subtask cannot exist, whatever the code above it does. Version 0 and
+other non-subtask versions have a NULL ``subtask_id``; NULLs never collide in a
+unique constraint on SQLite or PostgreSQL, so any number of them is allowed.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+from uuid import uuid4
+
+from sqlalchemy import DateTime, Dialect, Text, UniqueConstraint
+from sqlalchemy.types import TypeDecorator
+from sqlmodel import Field, SQLModel
+
+
+def utcnow() -> datetime:
+    """The current time, tz-aware UTC (the only kind of time the ledger stores)."""
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp stored as UTC and always returned tz-aware UTC.
+
+    PostgreSQL keeps it as ``timestamptz``. SQLite has no time zones: SQLAlchemy's
+    SQLite ``DateTime`` would silently drop ``tzinfo``, so an aware local time
+    would be stored as if it were UTC. Converting to naive UTC on the way in and
+    tagging UTC on the way out keeps both backends identical, and keeps the
+    string form sortable so lease expiry can be compared inside SQL.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        # Naive values are taken to be UTC already (that is what utcnow() gives
+        # without tzinfo); aware values are converted.
+        aware = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return aware.replace(tzinfo=None) if dialect.name == "sqlite" else aware
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        assert isinstance(value, datetime)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Run(SQLModel, table=True):
+    """One training run: its config, state, head version and driver lease."""
+
+    __tablename__ = "run"
+
+    name: str = Field(primary_key=True)
+    config: str = Field(sa_type=Text)  # JSON text of the run configuration
+    state: str = "created"
+    head_version: int = 0
+    epochs_completed: int = 0
+    parent_run: str | None = None  # warm start: the run and version v0 was copied from
+    parent_version: int | None = None
+    lease_owner: str | None = None  # the driver process currently advancing this run
+    lease_expires: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class Subtask(SQLModel, table=True):
+    """One (run, epoch, shard): merged at most once, however many attempts it has."""
+
+    __tablename__ = "subtask"
+    __table_args__ = (UniqueConstraint("run", "epoch", "shard", name="uq_subtask_run_epoch_shard"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run: str = Field(foreign_key="run.name", index=True)
+    epoch: int
+    shard: int
+    state: str = "pending"
+    attempts: int = 0
+    merged_version: int | None = None
+    reason: str | None = None
+
+
+class Attempt(SQLModel, table=True):
+    """One execution of a subtask on one worker, from its base version to its result."""
+
+    __tablename__ = "attempt"
+    # Numbers are handed out under the subtask's row lock; the constraint makes
+    # a numbering bug loud instead of silent.
+    __table_args__ = (UniqueConstraint("subtask_id", "number", name="uq_attempt_subtask_number"),)
+
+    id: str = Field(default_factory=lambda: uuid4().hex, primary_key=True)
+    run: str = Field(foreign_key="run.name", index=True)
+    subtask_id: int = Field(foreign_key="subtask.id")
+    epoch: int
+    shard: int
+    number: int  # 1-based per subtask
+    worker: str
+    base_version: int
+    state: str = "running"
+    result_uri: str | None = None
+    samples: int | None = None
+    loss: float | None = None
+    train_seconds: float | None = None
+    started_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    deadline: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    reason: str | None = None
+    # JSON object of seconds per phase of the attempt's life (claim, read,
+    # data, train, write, record on the worker; read_result, read_head, merge,
+    # write_version, ledger in the assimilator; queued, scheduling and prefect
+    # measured by the driver): where the overhead goes (benchmarks/overhead.py,
+    # vcdl status).
+    timings: str | None = None
+    # The newest durable checkpoint of the attempt's training so far (samples
+    # and train_seconds are updated with it): where a replacement resumes if
+    # this attempt dies. Cleared once a result supersedes it.
+    checkpoint_uri: str | None = None
+    # The attempt whose checkpoint this one started from, if any, and that
+    # checkpoint's train_seconds when it was read: the source's training this
+    # attempt salvaged (the source may have lived on and recorded more).
+    resumed_from: str | None = None
+    resumed_seconds: float | None = None
+
+
+class Version(SQLModel, table=True):
+    """An immutable global model version and its lineage."""
+
+    __tablename__ = "version"
+    __table_args__ = (
+        UniqueConstraint("run", "number", name="uq_version_run_number"),
+        # THE at-most-once merge guarantee (docs/design.md §1.4).
+        UniqueConstraint("run", "subtask_id", name="uq_version_run_subtask"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    run: str = Field(foreign_key="run.name")
+    number: int
+    parent: int | None = None
+    subtask_id: int | None = Field(default=None, foreign_key="subtask.id")
+    attempt_id: str | None = Field(default=None, foreign_key="attempt.id")
+    epoch: int | None = None
+    alpha: float | None = None
+    staleness: int | None = None
+    uri: str
+    checksum: str
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class Evaluation(SQLModel, table=True):
+    """The objective's metrics of one version on one data split (see vcdl.objectives)."""
+
+    __tablename__ = "evaluation"
+
+    id: int | None = Field(default=None, primary_key=True)
+    run: str = Field(foreign_key="run.name", index=True)
+    version: int
+    epoch: int | None = None
+    split: str
+    accuracy: float | None = None  # classification only
+    loss: float
+    samples: int
+    # JSON object of every metric the objective reports (loss, accuracy,
+    # perplexity, token_accuracy, rmse, the user's own); None for rows
+    # recorded before objectives, whose metrics are loss and accuracy.
+    metrics: str | None = Field(default=None, sa_type=Text)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)

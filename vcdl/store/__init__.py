@@ -1,0 +1,15 @@
+"""The weight store: state dicts as Zarr v3 groups, on a local disk or S3.
+
+:mod:`.weights` (the store), :mod:`.layout` (the packed format 2),
+:mod:`.files` (local chunk I/O), :mod:`.legacy` (format 1 reader),
+:mod:`.paths` (where a run's groups live).
+"""
+
+from __future__ import annotations
+
+from vcdl.store.weights import WeightStore, open_store
+
+__all__ = [
+    "WeightStore",
+    "open_store",
+]

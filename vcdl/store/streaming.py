@@ -1,0 +1,342 @@
+"""A state group read and written a few tensors at a time, in bounded memory.
+
+This module owns streaming access to format 2 state groups for states too
+large to hold more than once or twice: the driver's merge of a
+1B-parameter model (4 GB) reads the result and writes the new version a
+batch of tensors at a time (:mod:`vcdl.driver.streamed`).
+
+* :class:`StateReader` reads the group document once and then any subset of
+  tensors, fetching only the chunks that hold them (a chunk shared by two
+  batches is fetched for each); every tensor is verified against its
+  recorded checksum as :meth:`WeightStore.read_state` does.
+* :class:`StateWriter` is given the names, dtypes and shapes of the whole
+  state up front (so the packing is that of :func:`~vcdl.store.layout.plan_write`,
+  byte for byte), then the tensors in that order, in as many calls as the
+  caller likes. Each chunk is written as soon as its bytes are complete,
+  each tensor hashed when it arrives; :meth:`StateWriter.commit` writes the
+  last chunks and the group document, the commit point, exactly as
+  :meth:`WeightStore.write_state` does. A writer that is aborted or dies
+  leaves an orphan, never a torn group.
+
+The writer keeps a reference to each tensor until the chunks holding its
+bytes are written (no copies): at most about one chunk per dtype beyond the
+tensors of the current call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import torch
+from zarr.storage import LocalStore
+
+from vcdl.errors import IntegrityError, StoreError
+from vcdl.store import files as store_files
+from vcdl.store.layout import (
+    ATTR,
+    GROUP_DOC,
+    PROTOTYPE,
+    ArrayLayout,
+    Packed,
+    WritePlan,
+    _bytes_of,
+    _zarr_dtype,
+    bits_dtype,
+    combined_checksum,
+    digest,
+    is_state_doc,
+    json_attrs,
+    parents,
+    torch_dtype,
+)
+from vcdl.types import StateDict
+
+if TYPE_CHECKING:
+    from vcdl.store.weights import WeightStore
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What a tensor is, without its data."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def specs_of(state: Mapping[str, torch.Tensor]) -> list[TensorSpec]:
+    """The specs of a state's tensors, in its order."""
+    return [TensorSpec(k, t.dtype, tuple(t.shape)) for k, t in state.items()]
+
+
+def meta_state(specs: Iterable[TensorSpec]) -> StateDict:
+    """Data-less tensors with the specs' dtypes and shapes (for structure checks)."""
+    return {s.name: torch.empty(s.shape, dtype=s.dtype, device="meta") for s in specs}
+
+
+def batches(specs: Sequence[TensorSpec], limit: int) -> list[list[TensorSpec]]:
+    """Consecutive specs grouped up to ``limit`` bytes; a larger tensor is a batch alone."""
+    out: list[list[TensorSpec]] = []
+    current: list[TensorSpec] = []
+    size = 0
+    for s in specs:
+        if current and size + s.nbytes > limit:
+            out.append(current)
+            current, size = [], 0
+        current.append(s)
+        size += s.nbytes
+    if current:
+        out.append(current)
+    return out
+
+
+class TensorSource(Protocol):
+    """What a streamed merge reads a state from: its specs, and any subset of its tensors."""
+
+    @property
+    def specs(self) -> list[TensorSpec]: ...
+
+    def read(self, names: Iterable[str]) -> StateDict: ...
+
+
+class StateReader:
+    """One complete state group, read a subset of tensors at a time (see the module)."""
+
+    def __init__(self, store: WeightStore, path: str, verify: bool = True) -> None:
+        self._store = store
+        self._rel = store._rel(path)
+        self.uri = store.uri(self._rel)
+        self.verify = verify
+        self._doc = store._run(store._complete_doc(self._rel, self.uri), "reading", self.uri)
+        vcdl = self._doc["attributes"][ATTR]
+        if vcdl.get("format") == 1:
+            raise StoreError(
+                f"{self.uri} is a format 1 group; streamed reads need format 2 (read it whole)"
+            )
+        records = vcdl.get("tensors")
+        if not isinstance(records, dict):
+            raise IntegrityError(f"{self.uri}: the group records no tensors")
+        self._records: dict[str, Any] = records
+        self.specs = [
+            TensorSpec(
+                name,
+                torch_dtype(rec.get("dtype") if isinstance(rec, dict) else None, self.uri, name),
+                tuple(rec.get("shape") or ()) if isinstance(rec, dict) else (),
+            )
+            for name, rec in records.items()
+        ]
+        self.attrs: dict[str, Any] = dict(vcdl.get("attrs") or {})
+
+    def checksum(self) -> str:
+        """The group's content identity (:func:`~vcdl.store.layout.combined_checksum`)."""
+        return combined_checksum(self._records)
+
+    def read(self, names: Iterable[str]) -> StateDict:
+        """The named tensors (in the order given), each verified; only their chunks are read."""
+        wanted = list(names)
+        missing = [n for n in wanted if n not in self._records]
+        if missing:
+            raise StoreError(f"{self.uri} has no tensor(s) {missing[:3]}")
+        subset = {n: self._records[n] for n in wanted}
+        return self._store._run(
+            self._store._read(self._rel, self.uri, self.verify, doc=self._doc, only=subset),
+            "reading",
+            self.uri,
+        )
+
+
+@dataclass
+class _Array:
+    """One flat array being written: its layout and the bytes not yet in a written chunk."""
+
+    layout: ArrayLayout
+    pieces: list[tuple[int, memoryview]]
+    filled: int = 0  # bytes handed over so far
+    next_chunk: int = 0
+
+
+class StateWriter:
+    """A state group written a batch of tensors at a time (see the module)."""
+
+    def __init__(
+        self,
+        store: WeightStore,
+        path: str,
+        specs: Sequence[TensorSpec],
+        attrs: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._store = store
+        self._rel = store._rel(path)
+        self.uri = store.uri(self._rel)
+        self._attrs = json_attrs(attrs, self.uri)
+        self._specs = list(specs)
+        self._next = 0
+        self._checksums: list[str] = []
+        self._keep: list[Any] = []  # arrays whose memory the pending pieces view
+        self._done = False
+        lengths: dict[str, int] = {}
+        stored: dict[str, np.dtype] = {}
+        self._packed: list[Packed] = []
+        for s in self._specs:
+            node = str(s.dtype).removeprefix("torch.")
+            offset = lengths.get(node, 0)
+            lengths[node] = offset + math.prod(s.shape)
+            bits = bits_dtype(s.dtype)
+            stored[node] = torch.empty(0, dtype=bits or s.dtype).numpy().dtype
+            self._packed.append(Packed(s.name, node, s.shape, memoryview(b""), node, offset))
+        self._arrays = {
+            node: _Array(
+                ArrayLayout.plan(node, _zarr_dtype(stored[node]), stored[node].itemsize, n), []
+            )
+            for node, n in lengths.items()
+        }
+        store._run(self._begin(), "writing", self.uri)
+
+    @property
+    def _local_root(self) -> str | None:
+        if isinstance(self._store._store, LocalStore):
+            return os.path.join(self._store._url, self._rel)
+        return None
+
+    async def _begin(self) -> None:
+        store = self._store
+        existing = await store._get_doc(self._rel)
+        if existing is not None and not is_state_doc(existing):
+            raise StoreError(
+                f"{self.uri} holds a Zarr {existing.get('node_type', 'node')} that vcdl did "
+                "not write; refusing to overwrite it (delete it first if that is intended)"
+            )
+        await store._store.delete(f"{self._rel}/{GROUP_DOC}")
+        await store._store.delete_dir(self._rel)
+        for parent in parents(self._rel):
+            if parent not in store._parents_known:
+                await store._ensure_parent(parent)
+        root = self._local_root
+        for node, a in self._arrays.items():
+            meta = a.layout.meta()[1]
+            if root is not None:
+                await asyncio.to_thread(
+                    store_files.write_file, os.path.join(root, node, GROUP_DOC), meta
+                )
+            else:
+                await store._store.set(
+                    f"{self._rel}/{node}/{GROUP_DOC}", PROTOTYPE.buffer.from_bytes(meta)
+                )
+
+    def write(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """The next tensors of the state, in the order of the specs given at the start."""
+        if self._done:
+            raise StoreError(f"writing {self.uri}: the writer is closed")
+        for name, tensor in tensors.items():
+            if self._next >= len(self._specs):
+                raise StoreError(f"writing {self.uri}: more tensors than announced ({name!r})")
+            spec, packed = self._specs[self._next], self._packed[self._next]
+            if name != spec.name or tensor.dtype != spec.dtype or tuple(tensor.shape) != spec.shape:
+                raise StoreError(
+                    f"writing {self.uri}: expected tensor {spec.name!r} {spec.dtype} "
+                    f"{list(spec.shape)}, got {name!r} {tensor.dtype} {list(tensor.shape)}"
+                )
+            self._next += 1
+            array = _bytes_of(name, tensor, self.uri)
+            data = array.reshape(-1).view(np.uint8).data
+            self._checksums.append(digest(data))
+            if data.nbytes:
+                a = self._arrays[packed.array]
+                self._keep.append(array)
+                a.pieces.append((packed.offset * a.layout.itemsize, data))
+                a.filled += data.nbytes
+        self._flush(final=False)
+
+    def _flush(self, final: bool) -> None:
+        jobs: list[tuple[str, list[memoryview]]] = []
+        for node, a in self._arrays.items():
+            layout = a.layout
+            if final:
+                pad = layout.nchunks * layout.chunk_bytes - layout.data_bytes
+                if pad:
+                    a.pieces.append((layout.data_bytes, memoryview(bytes(pad))))
+                    a.filled += pad
+            while a.next_chunk < layout.nchunks and a.filled >= (a.next_chunk + 1) * (
+                layout.chunk_bytes
+            ):
+                j = a.next_chunk
+                lo, hi = j * layout.chunk_bytes, (j + 1) * layout.chunk_bytes
+                # In order and contiguous: tensors arrive in their packing order.
+                views = [v for _, v in _cut(a.pieces, lo, hi)]
+                jobs.append((f"{node}/{layout.chunk_key(j)}", views))
+                a.pieces = _cut(a.pieces, hi, None)
+                a.next_chunk += 1
+        if jobs:
+            self._store._run(self._put_chunks(jobs), "writing", self.uri)
+        if all(not a.pieces for a in self._arrays.values()):
+            self._keep.clear()
+
+    async def _put_chunks(self, jobs: list[tuple[str, list[memoryview]]]) -> None:
+        root = self._local_root
+        if root is not None:
+            await asyncio.gather(
+                *(
+                    asyncio.to_thread(store_files.write_chunk, os.path.join(root, key), views)
+                    for key, views in jobs
+                )
+            )
+            return
+        store = self._store._store
+        await asyncio.gather(
+            *(
+                store.set(
+                    f"{self._rel}/{key}",
+                    PROTOTYPE.buffer.from_bytes(views[0] if len(views) == 1 else b"".join(views)),
+                )
+                for key, views in jobs
+            )
+        )
+
+    def commit(self) -> str:
+        """Write the last chunks and the group document (the commit point); the checksum."""
+        if self._done:
+            raise StoreError(f"writing {self.uri}: the writer is closed")
+        if self._next != len(self._specs):
+            missing = [s.name for s in self._specs[self._next :]][:3]
+            raise StoreError(f"writing {self.uri}: tensors never written: {missing}")
+        self._flush(final=True)
+        self._done = True
+        plan = WritePlan(self._packed, {n: a.layout for n, a in self._arrays.items()})
+        doc = plan.group_doc(self._checksums, self._attrs)
+        self._store._run(self._store._publish(self._rel, doc), "writing", self.uri)
+        records = {
+            p.name: {"dtype": p.dtype_name, "shape": list(p.shape), "checksum": c}
+            for p, c in zip(self._packed, self._checksums, strict=True)
+        }
+        return combined_checksum(records)
+
+    def abort(self) -> None:
+        """Give up: delete what was written (an orphan if this fails too)."""
+        if self._done:
+            return
+        self._done = True
+        self._keep.clear()
+        self._store.delete(self._rel)
+
+
+def _cut(
+    pieces: list[tuple[int, memoryview]], lo: int, hi: int | None
+) -> list[tuple[int, memoryview]]:
+    """The parts of byte ranges ``(offset, view)`` inside ``[lo, hi)`` (hi None: no end)."""
+    out = []
+    for at, v in pieces:
+        end = at + v.nbytes
+        start, stop = max(at, lo), end if hi is None else min(end, hi)
+        if start < stop:
+            out.append((start, v[start - at : stop - at]))
+    return out

@@ -1,0 +1,243 @@
+"""The user's code: callables named by import path, and the module files they live in.
+
+A run may name its model factory, its objective and its metrics by import
+path, ``"package.module:function"`` (``attr`` may be dotted). This module
+resolves such a path to the callable (:func:`import_callable`), with one-line
+errors, and finds the files of the user's own modules — those beside the run's
+config file or in the current directory, as opposed to installed packages —
+so that the driver can import them and ship them to every Dask worker
+(:func:`local_modules`, used by ``flows/cluster.py``). Which imports are
+allowed at all is the operator's choice (docs/design.md §7).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.machinery
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vcdl.errors import VcdlError
+
+# Directories importable_here() put on this process's sys.path: users' code, never
+# "installed" (a driver that runs several configs has several of them).
+_MADE_IMPORTABLE: set[Path] = set()
+
+
+def split_path(path: str) -> tuple[str, str] | None:
+    """(module, attribute) of ``"package.module:attr"``, or None if it is not one."""
+    module, sep, attr = path.partition(":")
+    if not sep or not module or not attr or ":" in attr:
+        return None
+    return module, attr
+
+
+def import_callable(
+    spec: str,
+    *,
+    what: str,
+    builtins: Mapping[str, str],
+    error: type[VcdlError],
+) -> Callable[..., Any]:
+    """The callable ``spec`` names: a key of ``builtins`` or an import path.
+
+    ``what`` names it in messages ("model factory", "objective"); every
+    failure is ``error`` with one line.
+    """
+    if not isinstance(spec, str):
+        raise error(f"{what} must be a string, got {type(spec).__name__}")
+    parts = split_path(builtins.get(spec, spec))
+    if parts is None:
+        raise error(
+            f"{what} {spec!r} is neither a built-in ({', '.join(builtins)}) nor an import "
+            "path 'package.module:function'"
+        )
+    module_name, attr = parts
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise error(
+            f"{what} {spec!r}: cannot import module '{module_name}': {type(exc).__name__}: {exc}"
+        ) from exc
+    except Exception as exc:
+        # A user's module may fail at import for any reason; say so plainly.
+        raise error(
+            f"{what} {spec!r}: importing module '{module_name}' raised {type(exc).__name__}: {exc}"
+        ) from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as exc:
+            raise error(
+                f"{what} {spec!r}: module '{module_name}' has no attribute '{attr}'"
+            ) from exc
+    if not callable(obj):
+        raise error(f"{what} {spec!r} is not callable (it is a {type(obj).__name__})")
+    return obj
+
+
+@dataclass(frozen=True)
+class LocalModule:
+    """A top-level module of the user's, found in a code directory: a file or a package."""
+
+    name: str
+    path: Path
+    """The ``.py`` file, or the package's directory."""
+
+    @property
+    def is_package(self) -> bool:
+        return self.path.is_dir()
+
+
+def _find(name: str, dirs: Sequence[Path]) -> LocalModule | None:
+    for d in dirs:
+        file, package = d / f"{name}.py", d / name / "__init__.py"
+        if file.is_file():
+            return LocalModule(name, file.resolve())
+        if package.is_file():
+            return LocalModule(name, package.parent.resolve())
+    return None
+
+
+def _installed(name: str, dirs: Sequence[Path]) -> bool:
+    """True if ``name`` imports from somewhere other than ``dirs`` (the standard library,
+    site-packages): such a module is the worker image's business, not shipped.
+
+    Looked up on ``sys.path`` without ``dirs`` (nor the current directory),
+    not in ``sys.modules``: the driver may have imported the user's module
+    already, or a module of that name from another run's directory.
+    """
+    if name in sys.builtin_module_names or name in sys.stdlib_module_names:
+        return True
+    # Also every directory a run made importable here: those hold users' code too.
+    local = {d.resolve() for d in dirs} | _MADE_IMPORTABLE
+    # Entries that are gone are skipped: a LocalCluster's scheduler runs in this
+    # process, and Dask's upload_file put the archive of an earlier run's code on
+    # sys.path; that archive went with the cluster's scratch directory, and its
+    # cached zipimporter raises FileNotFoundError when asked.
+    path = [p for p in sys.path if p and Path(p).exists() and Path(p).resolve() not in local]
+    try:
+        return importlib.machinery.PathFinder.find_spec(name, path) is not None
+    except OSError:
+        return False
+
+
+def _imports(module: LocalModule) -> set[str]:
+    """Top-level names the module's files import (relative imports stay inside a package)."""
+    files = sorted(module.path.rglob("*.py")) if module.is_package else [module.path]
+    names: set[str] = set()
+    for f in files:
+        try:
+            tree = ast.parse(f.read_text(encoding="utf-8"), str(f))
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            continue  # the import itself will say what is wrong with it
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return names
+
+
+def local_modules(specs: Iterable[str], dirs: Sequence[Path]) -> list[LocalModule]:
+    """The user's modules the import paths ``specs`` need, found in ``dirs``, in import order.
+
+    Starts from each spec's top-level module and follows the imports of the
+    modules found, so a factory in ``mymodel.py`` that imports ``layers.py``
+    beside it brings both. Modules that import from elsewhere (installed
+    packages, the standard library, vcdl itself) are not the user's.
+    """
+    found: dict[str, LocalModule] = {}
+    todo = [p[0].split(".")[0] for s in specs if (p := split_path(s)) is not None]
+    while todo:
+        name = todo.pop(0)
+        if name in found or name == "vcdl":
+            continue
+        module = _find(name, dirs)
+        if module is None or _installed(name, dirs):
+            continue
+        found[name] = module
+        todo.extend(sorted(_imports(module) - set(found)))
+    return list(found.values())
+
+
+def code_dirs(code_dir: str | None) -> list[Path]:
+    """Where a run's own modules are looked for: its config file's directory, then the cwd."""
+    dirs = [Path(code_dir).expanduser().resolve()] if code_dir else []
+    cwd = Path.cwd().resolve()
+    return dirs + ([cwd] if cwd not in dirs else [])
+
+
+def importable_here(dirs: Sequence[Path], specs: Iterable[str] = ()) -> None:
+    """Make the user's modules in ``dirs`` importable in this process (the driver).
+
+    A module of the same name imported earlier from elsewhere (another run's
+    directory, in a process that drives several) is forgotten, so that this
+    run's is imported.
+    """
+    for d in reversed(dirs):
+        _MADE_IMPORTABLE.add(d.resolve())
+        if str(d) not in sys.path:
+            sys.path.insert(0, str(d))
+    for m in local_modules(specs, dirs):
+        loaded = sys.modules.get(m.name)
+        origin = getattr(getattr(loaded, "__spec__", None), "origin", None)
+        if origin and not Path(origin).resolve().is_relative_to(m.path.parent):
+            for key in [k for k in sys.modules if k == m.name or k.startswith(m.name + ".")]:
+                del sys.modules[key]
+    importlib.invalidate_caches()
+
+
+def forget_gone_archives() -> None:
+    """Drop code archives (see :func:`bundle`) that no longer exist from ``sys.path``.
+
+    The scheduler of a LocalCluster lives in the driver's process, so Dask's
+    ``upload_file`` put the run's code archive on this process's ``sys.path``;
+    the archive is deleted with the cluster. A stale entry (and its cached
+    importer) would make later imports here fail with FileNotFoundError.
+    """
+    gone = [p for p in sys.path if "vcdl-code-" in p and not Path(p).exists()]
+    for p in gone:
+        while p in sys.path:
+            sys.path.remove(p)
+        sys.path_importer_cache.pop(p, None)
+    if gone:
+        importlib.invalidate_caches()
+
+
+def bundle(modules: Sequence[LocalModule], into: Path) -> Path:
+    """The modules as one zip archive in directory ``into``, named by its content's hash.
+
+    A worker puts the archive on its ``sys.path`` and imports the modules from
+    it (Dask's ``Client.upload_file``), so they import each other as they do
+    here. Files only: a module that reads data files beside it must be
+    installed in the workers' image instead.
+    """
+    import hashlib
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as archive:
+        for m in modules:
+            if m.is_package:
+                for f in sorted(m.path.rglob("*.py")):
+                    rel = f.relative_to(m.path.parent).as_posix()
+                    archive.writestr(zipfile.ZipInfo(rel, (1980, 1, 1, 0, 0, 0)), f.read_bytes())
+            else:
+                info = zipfile.ZipInfo(m.path.name, (1980, 1, 1, 0, 0, 0))
+                archive.writestr(info, m.path.read_bytes())
+    data = buf.getvalue()
+    into.mkdir(parents=True, exist_ok=True)
+    path = into / f"vcdl-code-{hashlib.sha256(data).hexdigest()[:12]}.zip"
+    path.write_bytes(data)
+    return path
+
+
+def run_specs(model_factory: str, objective: str, metrics: str | None) -> list[str]:
+    """The import paths of a run's own code (built-in names are no paths, and skipped)."""
+    return [s for s in (model_factory, objective, metrics) if s is not None and ":" in s]

@@ -1,0 +1,1 @@
+"""Read-only views of a run built from the ledger: status, audit, cost, artifacts."""

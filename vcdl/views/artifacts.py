@@ -1,0 +1,252 @@
+"""What a run shows in Prefect, as plain data: epoch tables, summaries, plots.
+
+This module owns the *content* of the artifacts the flows publish (the
+per-epoch metrics table, the markdown summary with the run's lineage, the
+progress plot). Nothing here talks to Prefect:
+``flows/reporting.py`` publishes what these functions build, so all of it is
+testable without a server.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from vcdl.views.epochs import EpochView, format_metrics
+
+PLOT_PATH = "runs/{run}/plots/progress.png"
+# Where a run records the data set it was trained on (v0's group attributes).
+FINGERPRINT_ATTR = "data_fingerprint"
+
+
+def artifact_key(*parts: object) -> str:
+    """A Prefect artifact key: lowercase letters, digits and dashes only."""
+    text = "-".join(str(p) for p in parts).lower()
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", text)).strip("-")
+
+
+def epoch_metrics(
+    views: Iterable[EpochView],
+    started: datetime | None = None,
+    costs: Iterable[Mapping[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """One table row per epoch of :func:`vcdl.views.epochs.epoch_views`.
+
+    Columns: epoch, test accuracy and loss, merges, reissues (attempts
+    beyond the first), rejections, mean staleness of the epoch's versions,
+    goodput (training seconds that reached a merged version / all training
+    seconds), head version, and the wall time from ``started`` (the run's
+    creation) to the epoch's evaluation. With ``costs`` (the ``history`` of
+    :func:`vcdl.views.cost.cost_summary`), also the epoch's spot cost and the
+    part of it wasted (``cost_usd``, ``waste_usd``).
+    """
+    by_epoch = {int(c["epoch"]): c for c in costs} if costs is not None else None
+    rows = []
+    for v in views:
+        wall = (
+            round((v.evaluated_at - started).total_seconds(), 3)
+            if v.evaluated_at is not None and started is not None
+            else None
+        )
+        goodput = v.goodput
+        row: dict[str, Any] = {
+            "epoch": v.epoch,
+            "accuracy": v.test_accuracy,
+            "loss": v.test_loss,
+            "merges": v.merged,
+            "reissues": v.reissues,
+            "rejections": v.rejections,
+            "mean_staleness": round(v.mean_staleness, 4) if v.mean_staleness is not None else None,
+            "goodput": round(goodput, 4) if goodput is not None else None,
+            "version": v.version,
+            "wall_seconds": wall,
+        }
+        # The objective's other metrics (perplexity, token accuracy, rmse, the user's).
+        row |= {k: x for k, x in sorted(v.test_metrics.items()) if k not in ("accuracy", "loss")}
+        if by_epoch is not None:
+            c = by_epoch.get(v.epoch, {})
+            row["cost_usd"] = _usd(c.get("total_usd"))
+            row["waste_usd"] = _usd(c.get("waste_usd"))
+        rows.append(row)
+    return rows
+
+
+def _usd(x: float | None) -> float | None:
+    # Three significant digits: a small run's epoch costs millionths of a dollar.
+    return float(f"{x:.3g}") if x is not None else None
+
+
+def progress_percent(done: int, total: int) -> float:
+    """Percent of a run's subtasks that are finished (merged, dropped or failed)."""
+    if total <= 0:
+        return 100.0
+    return round(min(100.0, 100.0 * done / total), 2)
+
+
+def progress_png(rows: Sequence[dict[str, Any]], title: str = "") -> bytes:
+    """A PNG of test accuracy and loss against epoch (top) and wall time (bottom)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display; safe in worker and flow processes
+    from matplotlib.figure import Figure
+
+    pts = [r for r in rows if r.get("loss") is not None]
+    epochs = [r["epoch"] for r in pts]
+    walls = [r["wall_seconds"] if r.get("wall_seconds") is not None else 0.0 for r in pts]
+    # Accuracy where the objective has one (classification); loss for every job.
+    has_acc = any(r.get("accuracy") is not None for r in pts)
+    acc = [r["accuracy"] if r.get("accuracy") is not None else float("nan") for r in pts]
+    loss = [r["loss"] for r in pts]
+    fig = Figure(figsize=(6.4, 5.2), dpi=80)
+    for i, (xs, label) in enumerate(((epochs, "epoch"), (walls, "wall time (s)"))):
+        ax = fig.add_subplot(2, 1, i + 1)
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+        loss_ax = ax
+        if has_acc:
+            ax.plot(xs, acc, "o-", color="tab:blue", label="test accuracy")
+            ax.set_ylabel("accuracy", color="tab:blue")
+            ax.set_ylim(0, 1)
+            loss_ax = ax.twinx()
+        loss_ax.plot(xs, loss, "s--", color="tab:red", label="test loss")
+        loss_ax.set_ylabel("loss", color="tab:red")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def png_data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def _fmt(value: Any, spec: str = ".4f") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return format(value, spec)
+    return str(value)
+
+
+def summary_markdown(
+    s: dict[str, Any],
+    rows: Sequence[dict[str, Any]] = (),
+    plot_uri: str | None = None,
+    plot_image: str | None = None,
+    fingerprint: str | None = None,
+    cost: Mapping[str, Any] | None = None,
+) -> str:
+    """The run's summary: state, lineage, per-epoch table, cost, plot, how to export.
+
+    ``s`` is :func:`vcdl.views.status.run_status`'s summary; ``rows`` are
+    :func:`epoch_metrics`; ``plot_image`` an image URL (e.g. a data URI)
+    embedded in the page, ``plot_uri`` where the PNG is stored; ``cost`` is
+    :func:`vcdl.views.cost.cost_report`'s report.
+    """
+    run = s["run"]
+    lines = [
+        f"# vcdl run `{run}`",
+        "",
+        f"State **{s['state']}**, {s['epochs_completed']}/{s['epochs']} epochs, "
+        f"head v{s['head_version']}, test {format_metrics(s.get('test_metrics') or {})}.",
+        "",
+        "## Lineage",
+        "",
+    ]
+    if s.get("parent_run") is not None:
+        lines.append(
+            f"Warm-started from run `{s['parent_run']}` version v{s['parent_version']}: "
+            f"v0 of `{run}` is that version's weights."
+        )
+    else:
+        lines.append("Trained from a fresh initialization (no parent run).")
+    lines.append(
+        f"Data set `{s.get('data')}`" + (f", fingerprint `{fingerprint}`." if fingerprint else ".")
+    )
+    priced = any("cost_usd" in r for r in rows)
+    lines += [
+        "",
+        "## Epochs",
+        "",
+        "| epoch | accuracy | loss | merges | reissues | rejections | mean staleness "
+        "| goodput | version | wall (s) |" + (" spot $ | wasted $ |" if priced else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if priced else ""),
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['epoch']} | {_fmt(r['accuracy'])} | {_fmt(r['loss'])} | {r['merges']} | "
+            f"{r['reissues']} | {r['rejections']} | {_fmt(r['mean_staleness'], '.2f')} | "
+            f"{_fmt(r['goodput'], '.1%')} | {_fmt(r['version'])} | "
+            f"{_fmt(r['wall_seconds'], '.1f')} |"
+            + (
+                f" {_fmt(r.get('cost_usd'), '.3g')} | {_fmt(r.get('waste_usd'), '.3g')} |"
+                if priced
+                else ""
+            )
+        )
+    if cost is not None:
+        lines += ["", "## Cost", "", *_cost_lines(cost)]
+    if plot_image or plot_uri:
+        lines += ["", "## Progress", ""]
+        if plot_image:
+            lines.append(f"![accuracy and loss of {run}]({plot_image})")
+        if plot_uri:
+            lines += ["", f"Plot stored at `{plot_uri}`."]
+    lines += [
+        "",
+        "## Export the model",
+        "",
+        "```bash",
+        f"vcdl export {run} --out model.safetensors          # head; --version N for others",
+        f"vcdl evaluate {run} --version {s['head_version']}",
+        "```",
+        "",
+        "```python",
+        "from vcdl import api",
+        "from vcdl.driver.runs import export_version",
+        f'export_version(api.run_ref("{run}"), "model.safetensors")',
+        "```",
+    ]
+    return "\n".join(lines)
+
+
+def _cost_lines(c: Mapping[str, Any]) -> list[str]:
+    """The cost report as a short markdown list (definitions: vcdl/views/cost.py)."""
+    types = ", ".join(
+        f"`{k}` (spot ${t['spot_per_hour']:.4f}/h, on-demand ${t['on_demand_per_hour']:.4f}/h)"
+        for k, t in c.get("instance_types", {}).items()
+    )
+    lines = [
+        f"- Spot cost **{_dollars(c['total_usd'])}** over {c['worker_seconds']:.0f} worker-seconds "
+        f"({c['attempts']} attempts, {c['merged']} merged); wasted {_dollars(c['waste_usd'])}"
+        + (f" ({c['waste_share']:.1%})" if c.get("waste_share") is not None else "")
+        + ".",
+        f"- On-demand, same seconds: {_dollars(c['on_demand_equivalent_usd'])}; on-demand cost of "
+        f"the merged work: {_dollars(c['on_demand_merged_usd'])}.",
+    ]
+    if c.get("realized_savings") is not None and c.get("spot_discount") is not None:
+        lines.append(
+            f"- Realized savings **{c['realized_savings']:.1%}** against a spot discount of "
+            f"{c['spot_discount']:.1%} (waste cost {c['savings_gap_points']:.1f} points)."
+        )
+    if c.get("usd_per_merged_sample"):
+        lines.append(f"- {_dollars(c['usd_per_merged_sample'] * 1e6)} per million merged samples.")
+    lines.append(
+        f"- Instance types: {types or '-'}; prices as of {c.get('prices_as_of')}. "
+        f"Seconds of killed attempts are upper bounds ({c.get('upper_bound_seconds', 0):.0f} s). "
+        f"`vcdl cost {c['run']}` for the full report."
+    )
+    return lines
+
+
+def _dollars(x: float) -> str:
+    return f"${x:.4f}" if abs(x) >= 0.01 or x == 0 else f"${x:.3g}"
+
+
+# -- retraining -----------------------------------------------------------------

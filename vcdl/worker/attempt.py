@@ -1,0 +1,402 @@
+"""One attempt of one subtask, as a worker runs it: ledger → store → train → store → ledger.
+
+This module owns the worker side of the hot path (docs/design.md §2): claim an
+attempt in the ledger (which fixes its base version), read the base weights
+and only this shard's rows, train, write the result group, and record the
+outcome. It is what the Prefect shard task calls; it knows nothing of Prefect
+or Dask, so it runs the same in a test, a thread or a remote worker.
+
+Safe to run twice: an attempt for a subtask that is already merged (a retry
+or a duplicate that arrives late) is recorded and skipped without training.
+
+The worker process's training slots and its wait for its own last merge are
+:mod:`vcdl.worker.slots`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from vcdl.config import RunConfig
+from vcdl.data import open_dataset, read_arrays, shard_indices
+from vcdl.errors import IntegrityError, StoreNotFoundError
+from vcdl.ledger import Attempt
+from vcdl.merge.codec import encode
+from vcdl.merge.rules import merge_rule
+from vcdl.models import build_model
+from vcdl.objectives import Objective, objective_for
+from vcdl.runtime import RunRef
+from vcdl.states import RESUMABLE_ATTEMPT_STATES, TERMINAL_SUBTASK_STATES
+from vcdl.store import WeightStore
+from vcdl.store.paths import checkpoint_path, result_path
+from vcdl.types import StateDict
+from vcdl.worker.checkpoints import FAILURES_KEY, CheckpointWriter
+from vcdl.worker.loop import train_attempt
+from vcdl.worker.slots import _UNMERGED, await_own_merge
+
+# run -> the optimizer state this worker's last attempt of the run ended with
+# (train.optimizer_state = "worker"). In memory only: a restarted worker starts fresh.
+_OPTIMIZER: dict[str, dict[str, Any]] = {}
+# run -> this worker's last result of the run, for merge rules that keep a
+# variable per worker (EASGD). In memory only, like the optimizer state.
+_OWN_RESULT: dict[str, StateDict] = {}
+"""Seconds an attempt waits at most for the previous result of its process to be merged."""
+
+
+@dataclass
+class AttemptOutcome:
+    """What the shard task returns to the flow: ids and numbers, never tensors."""
+
+    attempt_id: str | None
+    epoch: int
+    shard: int
+    state: str
+    """finished, skipped (subtask already done) or interrupted (partial result)."""
+    base_version: int | None = None
+    samples: int = 0
+    planned_samples: int = 0
+    loss: float | None = None
+    train_seconds: float = 0.0
+    worker: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds per phase: claim, read, data (or data_ahead: read ahead), train, write, record."""
+    reused: bool = False
+    """An earlier finished attempt's stored result, handed to the merge again; nothing trained."""
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def worker_name() -> str:
+    """The Dask worker's address when inside one, else host:pid."""
+    try:
+        from distributed import get_worker
+
+        return str(get_worker().address)
+    except (ImportError, ValueError):
+        return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def attempt_seed(seed: int, epoch: int, shard: int) -> int:
+    """Deterministic per subtask, so a reissued attempt trains like the first."""
+    return int(np.random.SeedSequence([seed, epoch, shard]).generate_state(1)[0])
+
+
+def _unmerged_result(store: WeightStore, earlier: list[Attempt]) -> AttemptOutcome | None:
+    """A finished, not yet merged attempt of this subtask whose result is stored."""
+    for a in earlier:
+        if a.state == "finished" and a.result_uri and store.exists(a.result_uri):
+            return AttemptOutcome(
+                attempt_id=a.id,
+                epoch=a.epoch,
+                shard=a.shard,
+                state="finished",
+                base_version=a.base_version,
+                samples=a.samples or 0,
+                loss=a.loss,
+                train_seconds=a.train_seconds or 0.0,
+                worker=a.worker,
+                reused=True,
+            )
+    return None
+
+
+@dataclass
+class ShardData:
+    """What an attempt trains on apart from the weights: its rows and a fresh model."""
+
+    key: tuple[str, int, int]
+    """(run, epoch, shard) the rows belong to."""
+    arrays: dict[str, np.ndarray]
+    """The shard's rows, by field, in their stored dtypes."""
+    model: nn.Module
+    objective: Objective
+    seconds: float
+    """Time it took to read the rows and build the model."""
+
+
+def load_shard(ref: RunRef, epoch: int, shard: int, config: RunConfig | None = None) -> ShardData:
+    """Read subtask (run, epoch, shard)'s training rows and build its model.
+
+    Nothing here depends on the head: a worker's spare Dask thread calls this
+    while the worker's previous attempt still trains, so the next attempt's
+    critical path starts at the claim (only the base weights must be read
+    after it, to be the freshest head). Costs one shard's rows of memory
+    more while the two overlap.
+    """
+    t = time.perf_counter()
+    store = ref.store()
+    cfg = config if config is not None else ref.config()
+    info = open_dataset(store, cfg.data.name)
+    objective = objective_for(cfg.train)
+    rows = shard_indices(info.n_train, cfg.data.shards, cfg.run.seed, epoch, shard)
+    arrays = read_arrays(
+        store,
+        cfg.data.name,
+        "train",
+        rows,
+        fields=objective.fields or None,
+        cache_bytes=cfg.data.cache_mb << 20,
+    )
+    model = build_model(cfg.model.factory, cfg.model.kwargs, hints=info.factory_hints())
+    return ShardData((ref.run, epoch, shard), arrays, model, objective, time.perf_counter() - t)
+
+
+def resume_point(store: WeightStore, earlier: list[Attempt]) -> tuple[Attempt, StateDict] | None:
+    """The furthest checkpoint an unfinished attempt of this subtask left, read and verified.
+
+    ``earlier``: the subtask's attempts so far. A "running" one belongs to a
+    worker Dask gave up on (dead, or leaving under a preemption notice while
+    its thread still finishes: it may then record a result too, and one of
+    the two is a duplicate) or to one the driver gave up on (past its
+    deadline, then "timeout"); "killed" ones are dead. Their
+    checkpoints are durable: resuming from one loses only the training after
+    it. A checkpoint deleted meanwhile (its attempt wrote a newer one) or
+    failing its checksums is passed over; None means start over.
+    """
+    candidates = [
+        a for a in earlier if a.state in RESUMABLE_ATTEMPT_STATES and a.checkpoint_uri and a.samples
+    ]
+    for a in sorted(candidates, key=lambda a: a.samples or 0, reverse=True):
+        assert a.checkpoint_uri is not None
+        try:
+            return a, store.read_state(a.checkpoint_uri)
+        except (IntegrityError, StoreNotFoundError):
+            continue
+    return None
+
+
+def drop_checkpoint(ref: RunRef, attempt_id: str) -> None:
+    """Forget and delete an attempt's checkpoint (a result or a resumer superseded it)."""
+    uri = ref.ledger().clear_checkpoint(attempt_id)
+    if uri is not None:
+        ref.store().delete(uri)
+
+
+def _close_writer(writer: CheckpointWriter, timings: dict[str, float]) -> None:
+    waited = writer.close()
+    if writer.written or writer.failed:
+        # Background seconds: they overlapped training, unlike the wait.
+        timings["checkpoint"] = writer.write_seconds
+    if writer.failed:
+        # Only the worker's log said so before: a store that refuses
+        # checkpoints silently turns every kill back into a full re-run.
+        timings[FAILURES_KEY] = float(writer.failed)
+    if waited > 0.001:
+        timings["checkpoint_wait"] = waited
+
+
+def run_attempt(
+    ref: RunRef,
+    epoch: int,
+    shard: int,
+    base_version: int | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    config: RunConfig | None = None,
+    data: ShardData | None = None,
+) -> AttemptOutcome:
+    """Claim, train and record one attempt of subtask (run, epoch, shard).
+
+    ``base_version`` None means "the head at claim time" (VC-ASGD); the
+    averaging rule pins every shard of an epoch to the epoch's first version.
+    ``data`` is the subtask's :func:`load_shard`, when the caller read it
+    ahead; without it (or for another subtask) the attempt reads its own.
+    """
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    ledger = ref.ledger()
+    store = ref.store()
+    cfg = config if config is not None else ref.config()
+    subtask = next((s for s in ledger.subtasks(ref.run, epoch) if s.shard == shard), None)
+    if subtask is None:
+        raise LookupError(f"run {ref.run!r} has no subtask epoch {epoch} shard {shard}")
+    if subtask.state in TERMINAL_SUBTASK_STATES:
+        return AttemptOutcome(None, epoch, shard, "skipped", worker=worker_name())
+    earlier = [a for a in ledger.attempts(ref.run, epoch) if a.shard == shard]
+    done = _unmerged_result(store, earlier)
+    if done is not None:
+        # Dask re-runs a finished task whose worker died before the driver
+        # fetched its return value; the result is safe in the store already.
+        return done
+    t = time.perf_counter()
+    resume = resume_point(store, earlier) if cfg.fault.checkpoint_seconds else None
+    resumed = time.perf_counter() - t
+    # Not part of the claim's time: the worker is idle meanwhile, and shows so.
+    awaited = await_own_merge(ref) if base_version is None and resume is None else 0.0
+    deadline = datetime.now(UTC) + timedelta(seconds=cfg.fault.attempt_timeout)
+    attempt = ledger.start_attempt(
+        ref.run,
+        epoch,
+        shard,
+        worker_name(),
+        # A resumed checkpoint carries its attempt's base: staleness counts from there.
+        base_version=resume[0].base_version if resume else base_version,
+        deadline=deadline,
+    )
+    timings["claim"] = time.perf_counter() - t0 - awaited - resumed
+    if awaited:
+        timings["await_merge"] = awaited
+    own_checkpoint = False
+    writer: CheckpointWriter | None = None
+    version_state: StateDict | None = None
+    try:
+        t = time.perf_counter()
+        if resume is not None:
+            source, base = resume
+            ledger.mark_resumed(attempt.id, source.id, source.train_seconds)
+            start_samples = source.samples or 0
+            timings["read"] = resumed + time.perf_counter() - t
+        else:
+            start_samples = 0
+            base_row = ledger.get_version(ref.run, attempt.base_version)
+            base = store.read_state(base_row.uri)
+            version_state = base  # what a reduced-precision result is encoded against
+            rule = merge_rule(cfg.merge)
+            if rule.worker_variable:
+                # EASGD: this worker's own variable, pulled towards the head it read.
+                alpha = rule.alpha(epoch, cfg.run.epochs, 0, 0) or 0.0
+                base = rule.start(base, _OWN_RESULT.pop(ref.run, None), alpha)
+            timings["read"] = time.perf_counter() - t
+
+        def save(state: StateDict, samples: int, seconds: float) -> None:
+            """Make the training so far durable; a replacement resumes here after a kill.
+
+            Runs in the writer's thread while training goes on.
+            """
+            nonlocal own_checkpoint
+            path = checkpoint_path(ref.run, epoch, shard, attempt.id, samples)
+            store.write_state(
+                path,
+                state,
+                attrs={"run": ref.run, "attempt": attempt.id, "samples": samples},
+            )
+            # The uri to delete: the checkpoint this one replaces, or this one
+            # itself if the attempt is no longer running (then never recorded).
+            stale = ledger.record_checkpoint(attempt.id, path, samples, seconds)
+            own_checkpoint = own_checkpoint or stale != path
+            if stale is not None:
+                store.delete(stale)
+
+        writer = CheckpointWriter(save)
+
+        if data is None or data.key != (ref.run, epoch, shard):
+            data = load_shard(ref, epoch, shard, cfg)
+            timings["data"] = data.seconds
+        else:
+            timings["data_ahead"] = data.seconds  # read before the training slot
+
+        # Set deliberately: Nanny-started workers default to 1 thread, and
+        # set_num_threads is process-wide, so the config decides, not history.
+        torch.set_num_threads(cfg.train.threads)
+        keep_optimizer = cfg.train.optimizer_state == "worker"
+        result = train_attempt(
+            data.model,
+            base,
+            data.arrays,
+            cfg.train,
+            seed=attempt_seed(cfg.run.seed, epoch, shard),
+            objective=data.objective,
+            should_stop=should_stop,
+            start_samples=start_samples,
+            checkpoint=writer,
+            checkpoint_seconds=(
+                (lambda: writer.interval(floor, cfg.fault.checkpoint_write_ratio))
+                if (floor := cfg.fault.checkpoint_seconds)
+                else None
+            ),
+            # Taken, not shared: the optimizer updates these tensors in place,
+            # and a concurrent attempt in this process must not see them move.
+            optimizer_state=_OPTIMIZER.pop(ref.run, None) if keep_optimizer else None,
+        )
+        timings["train"] = result.train_seconds
+        if keep_optimizer and result.optimizer_state is not None:
+            _OPTIMIZER[ref.run] = result.optimizer_state
+        if merge_rule(cfg.merge).worker_variable:
+            _OWN_RESULT[ref.run] = result.state
+
+        t = time.perf_counter()
+        path = result_path(ref.run, epoch, shard, attempt.id)
+        precision = cfg.merge.result_precision
+        stored = result.state
+        if precision != "full":
+            # The change from the base *version* (the driver has it), not from
+            # where training started (a checkpoint, EASGD's own variable).
+            if version_state is None:
+                row = ledger.get_version(ref.run, attempt.base_version)
+                version_state = store.read_state(row.uri)
+            stored = encode(result.state, version_state, precision)
+        store.write_state(
+            path,
+            stored,
+            attrs={
+                "encoding": precision,
+                "run": ref.run,
+                "epoch": epoch,
+                "shard": shard,
+                "attempt": attempt.id,
+                "base_version": attempt.base_version,
+                "samples": result.samples,
+                "planned_samples": result.planned_samples,
+            },
+        )
+        timings["write"] = time.perf_counter() - t
+        # A checkpoint still being written (it overlapped the result's write)
+        # is recorded before the result, so the drop below deletes it.
+        _close_writer(writer, timings)
+
+        t = time.perf_counter()
+        state = "interrupted" if result.interrupted else "finished"
+        ledger.finish_attempt(
+            attempt.id,
+            state=state,
+            result_uri=path,
+            samples=result.samples,
+            loss=result.mean_loss,
+            train_seconds=result.train_seconds,
+            reason="stopped at a batch boundary by a preemption notice"
+            if result.interrupted
+            else None,
+            # "record" itself cannot be in the row it writes; it is in the outcome.
+            timings=timings,
+        )
+        timings["record"] = time.perf_counter() - t
+        _UNMERGED[ref.run] = attempt.id
+        # The result supersedes the checkpoints it grew from.
+        if own_checkpoint:
+            drop_checkpoint(ref, attempt.id)
+        if resume is not None:
+            drop_checkpoint(ref, resume[0].id)
+    except BaseException as exc:
+        # Record the failure while the process is alive; a SIGKILL never gets
+        # here, which is what attempt deadlines are for.
+        try:
+            if writer is not None:
+                _close_writer(writer, timings)
+            ledger.finish_attempt(attempt.id, state="failed", reason=f"{type(exc).__name__}: {exc}")
+            if own_checkpoint:  # a failed attempt is not resumed
+                drop_checkpoint(ref, attempt.id)
+        finally:
+            raise
+    return AttemptOutcome(
+        attempt_id=attempt.id,
+        epoch=epoch,
+        shard=shard,
+        state=state,
+        base_version=attempt.base_version,
+        samples=result.samples,
+        planned_samples=result.planned_samples,
+        loss=result.mean_loss,
+        train_seconds=result.train_seconds,
+        worker=attempt.worker,
+        timings=timings,
+    )

@@ -1,0 +1,248 @@
+"""Local training of one attempt, and evaluation: plain PyTorch.
+
+This module owns what one worker does with one shard: start from the base
+weights, train an optimizer (fresh, or carried from the worker's previous
+attempt) for ``local_epochs`` passes over the shard, and hand back the
+resulting state dict with its metrics. It knows nothing of
+Prefect, Dask, the ledger or the store; the caller does the I/O.
+
+Training is deterministic on CPU for a given seed (one torch generator for
+the batch order, the global seed for layers such as dropout). What is
+trained for is the run's objective (:mod:`vcdl.objectives`): its batches,
+its loss, its metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from vcdl.config import TrainSection
+from vcdl.objectives import Objective, objective_for, to_batch
+from vcdl.types import StateDict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What one attempt produced."""
+
+    state: StateDict
+    samples: int
+    """Samples the state has seen of the plan (every local epoch; a resumed checkpoint's too)."""
+    mean_loss: float
+    train_seconds: float
+    """Seconds spent in this call's training loop (no I/O, no checkpoint writes)."""
+    interrupted: bool = False
+    """True when ``should_stop`` ended training early (a preemption notice)."""
+    planned_samples: int = 0
+    optimizer_state: dict[str, Any] | None = None
+    """The optimizer's state at the end (``Optimizer.state_dict()``), for the next attempt."""
+
+
+def make_optimizer(params: list[nn.Parameter], cfg: TrainSection) -> torch.optim.Optimizer:
+    """The attempt's local optimizer, built fresh from the run's config."""
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(
+            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+        )
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def carry(opt: torch.optim.Optimizer, state: dict[str, Any]) -> bool:
+    """Load an earlier attempt's optimizer ``state`` into ``opt``; False if it does not fit.
+
+    The hyperparameters stay ``opt``'s own (this run's config): only the
+    per-parameter state (moments, step counts, momentum buffers) carries over.
+    """
+    try:
+        groups = [dict(g) for g in state["param_groups"]]
+        own = opt.state_dict()["param_groups"]
+        if len(groups) != len(own) or any(
+            len(g["params"]) != len(o["params"]) for g, o in zip(groups, own, strict=True)
+        ):
+            return False
+        params = [p for group in opt.param_groups for p in group["params"]]
+        for index, per_param in state["state"].items():
+            for value in per_param.values():
+                # Loading checks only the counts; a shape mismatch would fail at step().
+                if torch.is_tensor(value) and value.dim() and value.shape != params[index].shape:
+                    return False
+        for g, o in zip(groups, own, strict=True):
+            g.update({k: v for k, v in o.items() if k != "params"})
+        opt.load_state_dict({"state": state["state"], "param_groups": groups})
+    except (KeyError, IndexError, ValueError, RuntimeError, TypeError):
+        return False
+    return True
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """The torch device for an attempt: CUDA if asked for (or available under auto)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device = 'cuda' but this worker has no usable CUDA device")
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def snapshot(model: nn.Module) -> StateDict:
+    """A detached CPU copy of the model's state (parameters and buffers)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+Checkpoint = Callable[[StateDict, int, float], None]
+"""Called at a batch boundary with (state, samples seen, training seconds so far)."""
+
+
+def train_attempt(
+    model: nn.Module,
+    base: StateDict,
+    arrays: Mapping[str, np.ndarray],
+    cfg: TrainSection,
+    seed: int,
+    should_stop: Callable[[], bool] | None = None,
+    *,
+    objective: Objective | None = None,
+    start_samples: int = 0,
+    checkpoint: Checkpoint | None = None,
+    checkpoint_seconds: float | Callable[[], float] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
+) -> TrainResult:
+    """Train ``model`` from ``base`` on the shard's ``arrays`` and return the new state.
+
+    ``arrays`` are the shard's rows by field, in their stored dtypes; the
+    ``objective`` (default: the run's, ``cfg.objective``) forms each batch
+    from them and gives the loss.
+
+    ``should_stop`` is polled at every batch boundary; when it returns True the
+    attempt ends there and the result says how many samples it processed.
+
+    ``checkpoint`` is called every ``checkpoint_seconds`` of training, at a
+    batch boundary; the time it takes is not training time. A callable
+    ``checkpoint_seconds`` is asked again after every checkpoint (the
+    interval sized to the last write,
+    :func:`vcdl.worker.checkpoints.checkpoint_interval`). ``start_samples``
+    resumes from such a checkpoint (``base``): the batch order is the one an
+    uninterrupted attempt with this seed has, the batches the checkpoint had
+    seen (counting every local epoch) are skipped, and the result's
+    ``samples`` count them too.
+
+    ``optimizer_state`` (an earlier attempt's ``TrainResult.optimizer_state``)
+    starts the optimizer from that state instead of fresh; one that does not
+    fit this model and optimizer is ignored.
+    """
+    objective = objective if objective is not None else objective_for(cfg)
+    fields = objective.fields or tuple(arrays)
+    rows = {len(arrays[f]) for f in fields}
+    if len(rows) != 1:
+        sizes = ", ".join(f"{f} {len(arrays[f])}" for f in fields)
+        raise ValueError(f"the shard's arrays differ in rows ({sizes})")
+    n = rows.pop()
+    planned = n * cfg.local_epochs
+    if not 0 <= start_samples <= planned:
+        raise ValueError(f"start_samples {start_samples} is outside [0, {planned}]")
+    device = resolve_device(cfg.device)
+    model.load_state_dict(base)
+    model.to(device)
+    model.train()
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    data = to_batch({f: arrays[f] for f in fields}, device)
+    opt = make_optimizer([p for p in model.parameters() if p.requires_grad], cfg)
+    if optimizer_state is not None and not carry(opt, optimizer_state):
+        # Said, not silent: train.optimizer_state = "worker" doing nothing
+        # (after a model or optimizer change) would otherwise go unnoticed.
+        log.warning(
+            "the optimizer state kept from this worker's last attempt does not fit "
+            "this model and optimizer (%s); this attempt starts a fresh one",
+            cfg.optimizer,
+        )
+    # bfloat16 autocast needs no loss scaling; on CPU it stays off (no speed-up
+    # for these models and it would change the numerics of CPU runs).
+    amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.amp and device.type == "cuda")
+    # Summed on the device: a float() per step would wait for the GPU at every step.
+    total_loss = torch.zeros((), device=device)
+    trained = 0
+    interrupted = False
+    start = time.perf_counter()
+    paused = 0.0  # seconds inside checkpoint(): I/O, not training
+    last_checkpoint = start
+    every = checkpoint_seconds() if callable(checkpoint_seconds) else checkpoint_seconds
+    for epoch in range(cfg.local_epochs):
+        # Drawn for every local epoch, skipped or not: the same order as an
+        # attempt that was never interrupted.
+        # On the device once per epoch: slicing it there needs no copy per step.
+        order = torch.randperm(n, generator=gen).to(device)
+        seen = min(n, max(0, start_samples - epoch * n))
+        for i in range(0, n, cfg.batch_size):
+            if i < seen:
+                continue
+            if should_stop is not None and should_stop():
+                interrupted = True
+                break
+            idx = order[i : i + cfg.batch_size]
+            batch = objective.prepare({f: t[idx] for f, t in data.items()})
+            opt.zero_grad(set_to_none=True)
+            with amp:
+                loss = objective.loss(model, batch)
+            loss.backward()
+            opt.step()
+            total_loss += loss.detach().float() * len(idx)
+            trained += len(idx)
+            now = time.perf_counter()
+            if checkpoint is not None and every is not None and now - last_checkpoint >= every:
+                checkpoint(snapshot(model), start_samples + trained, now - start - paused)
+                last_checkpoint = time.perf_counter()
+                paused += last_checkpoint - now
+                if callable(checkpoint_seconds):
+                    every = checkpoint_seconds()
+        if interrupted:
+            break
+    seconds = time.perf_counter() - start - paused
+    return TrainResult(
+        state=snapshot(model),
+        samples=start_samples + trained,
+        mean_loss=float(total_loss) / trained if trained else float("nan"),
+        train_seconds=seconds,
+        interrupted=interrupted,
+        planned_samples=planned,
+        optimizer_state=opt.state_dict(),
+    )
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    state: StateDict,
+    arrays: Mapping[str, np.ndarray],
+    objective: Objective,
+    batch_size: int = 1000,
+    device_name: str = "cpu",
+) -> dict[str, float]:
+    """The objective's metrics of ``state`` on ``arrays`` (``loss`` always; see vcdl.objectives)."""
+    fields = objective.fields or tuple(arrays)
+    n = len(arrays[fields[0]])
+    if n == 0:
+        raise ValueError("cannot evaluate on an empty split")
+    device = resolve_device(device_name)
+    model.load_state_dict(state)
+    model.to(device)
+    model.eval()
+    data = to_batch({f: arrays[f] for f in fields}, device)
+    totals: dict[str, torch.Tensor] = {}
+    for i in range(0, n, batch_size):
+        batch = objective.prepare({f: t[i : i + batch_size] for f, t in data.items()})
+        for k, v in objective.measure(model, batch).items():
+            v = v.to(device=device, dtype=torch.float64)
+            totals[k] = totals[k] + v if k in totals else v
+    return objective.finish({k: float(v) for k, v in totals.items()})
