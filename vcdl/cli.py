@@ -27,7 +27,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    print(f"vcdl: error: {message}", file=sys.stderr)
+    from vcdl.redact import redact_text
+
+    # Any URL in the message is shown redacted, wherever the error came from.
+    print(f"vcdl: error: {redact_text(message)}", file=sys.stderr)
     raise SystemExit(code)
 
 
