@@ -93,13 +93,23 @@ def resolve(
     if workers:
         cfg = cfg.updated(cluster={"workers": workers})
     cfg = cfg.with_locations(resolve_home(home))
-    from vcdl.usercode import grant_beside_config, run_specs
-
-    grant_beside_config(
-        run_specs(cfg.model.factory, cfg.train.objective, cfg.train.metrics), cfg.run.code_dir
-    )
+    allow_own_code(cfg)
     preflight(cfg)
     return cfg
+
+
+def allow_own_code(cfg: RunConfig) -> None:
+    """Let this process import the run's own modules beside its config (a trusted caller's).
+
+    For the CLI and this API only, never for a Prefect form: grants the
+    modules of the run's import paths found in ``run.code_dir`` (else the
+    current directory) and makes them importable here.
+    """
+    from vcdl.usercode import code_dirs, grant_beside_config, importable_here, run_specs
+
+    specs = run_specs(cfg.model.factory, cfg.train.objective, cfg.train.metrics)
+    if grant_beside_config(specs, cfg.run.code_dir):
+        importable_here(code_dirs(cfg.run.code_dir), specs)
 
 
 def preflight(cfg: RunConfig) -> None:

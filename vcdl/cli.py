@@ -513,6 +513,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from vcdl.views.epochs import format_metrics
 
         cfg = ref.config()
+        api.allow_own_code(cfg)  # the run's recorded config, run by its operator
         ev = evaluate_version(ref, cfg, args.version, split=args.split, dataset=args.data)
         print(
             f"{args.run} v{ev.version} on {args.data or cfg.data.name}:{args.split}: "
