@@ -259,7 +259,8 @@ def run_attempt(
         else:
             start_samples = 0
             base_row = ledger.get_version(ref.run, attempt.base_version)
-            base = store.read_state(base_row.uri)
+            # Against the ledger's checksum, not only the group's own.
+            base = store.read_state(base_row.uri, expect=base_row.checksum)
             version_state = base  # what a reduced-precision result is encoded against
             rule = merge_rule(cfg.merge)
             if rule.worker_variable:
@@ -333,7 +334,7 @@ def run_attempt(
             # where training started (a checkpoint, EASGD's own variable).
             if version_state is None:
                 row = ledger.get_version(ref.run, attempt.base_version)
-                version_state = store.read_state(row.uri)
+                version_state = store.read_state(row.uri, expect=row.checksum)
             stored = encode(result.state, version_state, precision)
         store.write_state(
             path,
