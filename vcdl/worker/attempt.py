@@ -29,7 +29,7 @@ from torch import nn
 
 from vcdl.config import RunConfig
 from vcdl.data import open_dataset, read_arrays, shard_indices
-from vcdl.errors import IntegrityError, StoreNotFoundError
+from vcdl.errors import StoreError
 from vcdl.ledger import Attempt
 from vcdl.merge.codec import encode
 from vcdl.merge.rules import merge_rule
@@ -162,7 +162,8 @@ def resume_point(store: WeightStore, earlier: list[Attempt]) -> tuple[Attempt, S
     deadline, then "timeout"); "killed" ones are dead. Their
     checkpoints are durable: resuming from one loses only the training after
     it. A checkpoint deleted meanwhile (its attempt wrote a newer one) or
-    failing its checksums is passed over; None means start over.
+    unreadable (failing its checksums, a malformed record table) is passed
+    over; None means start over.
     """
     candidates = [
         a for a in earlier if a.state in RESUMABLE_ATTEMPT_STATES and a.checkpoint_uri and a.samples
@@ -171,7 +172,7 @@ def resume_point(store: WeightStore, earlier: list[Attempt]) -> tuple[Attempt, S
         assert a.checkpoint_uri is not None
         try:
             return a, store.read_state(a.checkpoint_uri)
-        except (IntegrityError, StoreNotFoundError):
+        except StoreError:  # missing, torn, corrupt or malformed: a dying worker's output
             continue
     return None
 
