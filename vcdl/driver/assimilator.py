@@ -336,13 +336,14 @@ def report_problem(attempt: Attempt, attrs: Mapping[str, Any], limit: int | None
     return None if problem is None else f"bad report from the worker: {problem}"
 
 
-_SHARD_ROWS: dict[tuple[str, str, int], int] = {}
+# Per run (its data set is fixed for its life): one data set lookup per run, not per merge.
+_SHARD_ROWS: dict[tuple[str, str, str, str, int], int] = {}
 
 
 def shard_samples(ref: RunRef, cfg: RunConfig) -> int | None:
     """The most samples an attempt of this run can train: its largest shard's rows times
     the local epochs (None if the data set cannot be described)."""
-    key = (ref.store().url, cfg.data.name, cfg.data.shards)
+    key = (ref.ledger_url, ref.store_url, ref.run, cfg.data.name, cfg.data.shards)
     rows = _SHARD_ROWS.get(key)
     if rows is None:
         try:
