@@ -36,6 +36,7 @@ SCALARS = (
     | st.floats(allow_nan=True, allow_infinity=True)
     | st.text(max_size=6)
     | st.sampled_from(["float32", "int64", "bfloat16", "float64", "int8", "bool", "c.0"])
+    | st.sampled_from(["full", "bf16_delta", "int8_delta"])
 )
 VALUES = st.recursive(
     SCALARS,
@@ -137,8 +138,10 @@ def mutate(doc: dict[str, Any], group: Path, attempt: Any, steps: list[tuple[Any
             setattr(attempt, step[1], step[2])
 
 
-@pytest.fixture(scope="module")
-def setting(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+@pytest.fixture(scope="module", params=["full", "int8_delta"])
+def setting(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
     home = tmp_path_factory.mktemp("fuzz")
     cfg = parse_config(
         {
@@ -146,7 +149,7 @@ def setting(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "data": {"name": "mnist1d", "samples": 1000, "shards": 4},
             "model": {"factory": "cnn1d", "kwargs": {"width": 8}},
             "train": {"batch_size": 50},
-            "merge": {"max_update_norm": 1e6},
+            "merge": {"max_update_norm": 1e6, "result_precision": request.param},
         }
     ).with_locations(home)
     ref, _, _ = prepare_run(cfg)
@@ -182,7 +185,7 @@ def test_mutated_results_never_raise_out_of_the_check_path(setting: dict[str, An
     seen = {"rejected": 0, "ok": 0}
 
     @settings(
-        max_examples=300,
+        max_examples=200,
         deadline=None,
         database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
