@@ -193,12 +193,14 @@ def main() -> None:
     allowed = [p for p in os.environ.get("VCDL_ALLOW_IMPORTS", "").split(",") if p.strip()]
     os.environ["VCDL_ALLOW_IMPORTS"] = ",".join([*allowed, "vcdl.models.synthetic"])
     results = []
-    for n in args.workers:
-        with tempfile.TemporaryDirectory(prefix="vcdl-fleet-") as tmp:
-            r = run(args, n, Path(tmp))
-        results.append(r)
-        if not args.json:
-            print_run(r)
+    # One directory for every N: the first run's home holds the ephemeral
+    # Prefect server's database, which the process keeps using afterwards.
+    with tempfile.TemporaryDirectory(prefix="vcdl-fleet-") as tmp:
+        for n in args.workers:
+            r = run(args, n, Path(tmp) / f"n{n}")
+            results.append(r)
+            if not args.json:
+                print_run(r)
     met = [r["workers"] for r in results if r["utilization"] >= TARGET]
     verdict = {
         "largest_n_at_90": max(met) if met else None,

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from distributed import Client, WorkerPlugin
+from distributed.diagnostics.plugin import UploadFile
 
 from flows.workarounds.dask_logs import quiet_benign_logs
 from flows.workarounds.forkserver import forked_workers
@@ -83,7 +84,7 @@ def ship_user_code(address: str, cfg: RunConfig) -> list[str]:
     The modules an import path of the run needs (model factory, objective,
     metrics), found beside its config file or in the current directory, and
     the local modules they import, go to the workers as one zip archive through
-    Dask's ``Client.upload_file``, which imports them there. A module that
+    Dask's ``UploadFile`` worker plugin, which imports them there. A module that
     fails to import on a worker fails the run here, once, with the worker's
     error in one line. Installed packages are the workers' image's business.
     """
@@ -96,7 +97,11 @@ def ship_user_code(address: str, cfg: RunConfig) -> list[str]:
         archive = bundle(modules, Path(tmp))
         try:
             with Client(address, timeout=60) as client:
-                client.upload_file(str(archive), load=True)
+                # The workers' plugin only: Client.upload_file would also load the
+                # archive into the scheduler, which for a LocalCluster is this very
+                # process, replacing modules of the same name that the driver
+                # imported (and leaving a deleted archive on sys.path).
+                client.register_plugin(UploadFile(str(archive), load=True), name=archive.stem)
         except Exception as exc:
             detail = " ".join(str(exc).split())[:300]
             raise ModelError(

@@ -183,8 +183,8 @@ class EpochExecutor:
             self.attempts_of(key),
             attempt_id=attempt_id,
             worker=str(out.get("worker") or ""),
-            samples=int(out.get("samples") or 0),
-            planned_samples=int(out.get("planned_samples") or 0),
+            samples=_count(out.get("samples")),
+            planned_samples=_count(out.get("planned_samples")),
         )
 
     def _dispatch_overhead(self, key: Key, out: dict[str, Any]) -> dict[str, float]:
@@ -503,3 +503,10 @@ def epoch_flow(
         return EpochExecutor(ref, config, epoch, final, progress_id).run()
     except RunStopping as exc:
         return Cancelled(message=str(exc))
+
+
+def _count(value: object) -> int:
+    """A sample count a task returned, for the log and the policy's messages: a broken one
+    (negative, not an integer) reads 0. The merge judges the ledger's count itself and
+    rejects the result for it (:func:`vcdl.driver.assimilator.report_problem`)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0

@@ -46,6 +46,17 @@ class IntegrityError(StoreError):
     """Stored bytes do not match their recorded checksum, or a group is torn."""
 
 
+class ChecksumMismatch(IntegrityError):
+    """A group's recorded checksums are not those the ledger recorded for it.
+
+    The group was rewritten after the ledger named it (its own checksums may
+    well match its bytes): its contents are not the version the run made.
+    Exit code 2: nothing vcdl can do; restore the group or use another version.
+    """
+
+    exit_code = 2
+
+
 class MergeError(VcdlError, ValueError):
     """Two state dicts cannot be merged (keys, shapes or dtypes differ; bad alpha)."""
 

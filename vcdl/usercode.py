@@ -227,10 +227,11 @@ def _installed(name: str, dirs: Sequence[Path]) -> bool:
         return True
     # Also every directory a run made importable here: those hold users' code too.
     local = {d.resolve() for d in dirs} | _MADE_IMPORTABLE
-    # Entries that are gone are skipped: a LocalCluster's scheduler runs in this
-    # process, and Dask's upload_file put the archive of an earlier run's code on
-    # sys.path; that archive went with the cluster's scratch directory, and its
-    # cached zipimporter raises FileNotFoundError when asked.
+    # Entries that are gone are skipped: an archive that Dask's Client.upload_file
+    # put on this process's sys.path (a LocalCluster's scheduler runs here) goes
+    # with the cluster's scratch directory, and its cached zipimporter raises
+    # FileNotFoundError when asked. vcdl ships with a worker plugin only (see
+    # flows/cluster.py); this guards a driver whose own code used upload_file.
     path = [p for p in sys.path if p and Path(p).exists() and Path(p).resolve() not in local]
     try:
         return importlib.machinery.PathFinder.find_spec(name, path) is not None
@@ -308,7 +309,7 @@ def forget_gone_archives() -> None:
     """Drop code archives (see :func:`bundle`) that no longer exist from ``sys.path``.
 
     The scheduler of a LocalCluster lives in the driver's process, so Dask's
-    ``upload_file`` put the run's code archive on this process's ``sys.path``;
+    ``Client.upload_file`` puts a code archive on this process's ``sys.path``;
     the archive is deleted with the cluster. A stale entry (and its cached
     importer) would make later imports here fail with FileNotFoundError.
     """
@@ -325,7 +326,7 @@ def bundle(modules: Sequence[LocalModule], into: Path) -> Path:
     """The modules as one zip archive in directory ``into``, named by its content's hash.
 
     A worker puts the archive on its ``sys.path`` and imports the modules from
-    it (Dask's ``Client.upload_file``), so they import each other as they do
+    it (Dask's ``UploadFile`` worker plugin), so they import each other as they do
     here. Files only: a module that reads data files beside it must be
     installed in the workers' image instead.
     """

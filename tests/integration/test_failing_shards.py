@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_always_failing_attempts_are_bounded(prefect_api: None, tmp_path: Path) -> None:
+    this = sys.modules[__name__]
     cfg = parse_config(
         {
             "run": {"name": "broken", "epochs": 1},
@@ -31,6 +33,11 @@ def test_always_failing_attempts_are_bounded(prefect_api: None, tmp_path: Path) 
     # Each shard: at most max_attempts submissions, each with one Prefect retry.
     assert sum(s["attempts"].values()) <= 2 * 2 * 2
     assert set(s["attempts"]) == {"failed"}
+    # The run shipped tests/ (the factory's package) to its workers; the driver,
+    # which runs the LocalCluster's scheduler, kept its own modules and sys.path
+    # (CI once failed later tests that pickled functions of replaced modules).
+    assert sys.modules[__name__] is this
+    assert not [p for p in sys.path if "vcdl-code-" in p]
 
 
 def test_a_hung_attempt_is_timed_out_and_its_shard_reissued(

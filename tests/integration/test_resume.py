@@ -8,6 +8,7 @@ a result that merges like any other.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -140,11 +141,24 @@ def test_without_checkpoints_the_replacement_starts_over(tmp_path: Path) -> None
     assert ref.ledger().get_attempt(str(out.attempt_id)).resumed_from is None
 
 
-def test_an_unreadable_checkpoint_is_not_resumed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("damage", ["deleted", "overlapping records", "unknown format"])
+def test_an_unreadable_checkpoint_is_not_resumed(tmp_path: Path, damage: str) -> None:
     ref, cfg = make_run(tmp_path, checkpoint_seconds=0.3)
     killed = _kill_after_checkpoints(ref, 1)
     assert killed.checkpoint_uri is not None
-    ref.store().delete(killed.checkpoint_uri)
+    if damage == "deleted":
+        ref.store().delete(killed.checkpoint_uri)
+    else:
+        # What a dying worker (or disk) may leave: a group that cannot be read.
+        doc_path = Path(ref.store().uri(killed.checkpoint_uri)) / "zarr.json"
+        doc = json.loads(doc_path.read_bytes())
+        vcdl = doc["attributes"]["vcdl"]
+        if damage == "overlapping records":
+            for rec in vcdl["tensors"].values():
+                rec["offset"] = 0
+        else:
+            vcdl["format"] = 99
+        doc_path.write_text(json.dumps(doc))
     cfg_short = cfg.model_copy(update={"train": cfg.train.model_copy(update={"local_epochs": 1})})
     out = run_attempt(ref, 0, 0, config=cfg_short)
     assert ref.ledger().get_attempt(str(out.attempt_id)).resumed_from is None

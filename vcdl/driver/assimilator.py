@@ -8,6 +8,17 @@ The read, the merge and the write are streamed a batch of tensors at a time
 and overlap (:mod:`vcdl.driver.streamed`): the result is never whole in the
 driver's memory.
 
+A result is possibly broken (a dying machine writes garbage): every failure
+reading, checking or merging it rejects it with a reason in the ledger, and
+the epoch reissues its subtask; none fails the run (docs/design.md §7).
+:func:`open_result` judges all that can be judged before data is read (the
+group's record table, checked whole before anything is allocated; what the
+worker reported), and :func:`~vcdl.driver.streamed.streamed_merge` turns
+errors reading the data into reasons. Errors of the driver's own (the
+ledger, the head, writing the version) propagate. Versions (the head, a
+result's base) are read against the checksums the ledger recorded, not only
+their groups' own.
+
 Crash safety comes from the order: the version group is written completely
 before the ledger points at it, and its path carries the attempt id, so a
 merger that loses the CAS race (or dies) leaves an orphan group the ledger
@@ -19,15 +30,25 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal, cast
 
 from vcdl.config import RunConfig
+from vcdl.data import open_dataset
 from vcdl.driver.head_cache import HeadCache, head_cache
 from vcdl.driver.streamed import Decoded, streamed_check, streamed_merge
-from vcdl.errors import AlreadyMerged, HeadConflict, IntegrityError, StoreNotFoundError
+from vcdl.errors import (
+    AlreadyMerged,
+    DataError,
+    HeadConflict,
+    IntegrityError,
+    StoreError,
+    StoreNotFoundError,
+)
 from vcdl.ledger import Attempt, Version
-from vcdl.merge.codec import PRECISIONS
+from vcdl.merge.checks import count_problem, metric_problem
+from vcdl.merge.codec import PRECISIONS, Precision
 from vcdl.merge.rules import merge_rule
 from vcdl.runtime import RunRef
 from vcdl.states import MERGEABLE_ATTEMPT_STATES
@@ -85,31 +106,17 @@ def merge_attempt(
     if attempt.state not in MERGEABLE_ATTEMPT_STATES or attempt.result_uri is None:
         return MergeOutcome(attempt_id, "skipped", reason=f"attempt is {attempt.state}")
 
-    t = time.perf_counter()
-    try:
-        # Streamed: the result is read a batch of tensors at a time while the
-        # new version is merged and written (vcdl.driver.streamed).
-        stored = store.reader(attempt.result_uri)
-    except (IntegrityError, StoreNotFoundError) as exc:
-        return _reject(ref, attempt, f"result unreadable: {exc}", timings)
-    timings["read_result"] = time.perf_counter() - t
-    result: TensorSource = stored
-    base: StateDict | TensorSource | None = None
-    encoding = stored.attrs.get("encoding", "full")
-    if encoding not in PRECISIONS:
-        return _reject(ref, attempt, f"result has an unknown encoding {encoding!r}", timings)
-    if encoding != "full":
-        # A change from the base version: decoded batch by batch against it.
-        base = _base_of(ref, attempt, cache)
-        decoded = Decoded(stored, base, encoding)
-        if decoded.problem is not None:
-            return _reject(ref, attempt, decoded.problem, timings)
-        result = decoded
+    opened = open_result(ref, attempt, cfg, cache, timings)
+    if isinstance(opened, str):
+        return _reject(ref, attempt, opened, timings)
+    result, base, attrs = opened
 
     for retry in range(max_retries):
         t = time.perf_counter()
         head_row = ledger.head(ref.run)
-        head = cache.get(head_row, store.read_state)
+        # Checked against the ledger's checksum: a head rewritten in the store
+        # (with fresh checksums of its own) is refused, not merged into.
+        head = cache.get(head_row, functools.partial(store.read_state, expect=head_row.checksum))
         timings["read_head"] = timings.get("read_head", 0.0) + time.perf_counter() - t
 
         staleness = head_row.number - attempt.base_version
@@ -119,10 +126,7 @@ def merge_attempt(
         alpha = rule.alpha(attempt.epoch, cfg.run.epochs, staleness, merged_in_epoch)
         if alpha is None:
             # A bad result is rejected as bad, not as stale.
-            try:
-                reason = streamed_check(rule, head, result)
-            except (IntegrityError, StoreNotFoundError) as exc:
-                reason = f"result unreadable: {exc}"
+            reason = streamed_check(rule, head, result)
             return _reject(
                 ref,
                 attempt,
@@ -135,7 +139,7 @@ def merge_attempt(
             # result scaled towards the head by f (scale_result), then merged
             # with alpha, is the head merged with the raw result at
             # 1 - (1 - alpha) * f; one pass and no scaled copy of the result.
-            planned = max(1, _planned_samples(ref, attempt))
+            planned = _planned_samples(attempt, attrs)
             fraction = min(1.0, attempt.samples / planned)
             blend_alpha = 1.0 - (1.0 - alpha) * fraction
 
@@ -143,7 +147,10 @@ def merge_attempt(
             # The same whatever the head does meanwhile: found once, not at every
             # CAS retry.
             t = time.perf_counter()
-            base = _base_of(ref, attempt, cache)
+            try:
+                base = _base_of(ref, attempt, cache)
+            except StoreError as exc:
+                return _reject(ref, attempt, f"the result's base is unreadable: {exc}", timings)
             timings["read_base"] = time.perf_counter() - t
 
         state = (
@@ -239,12 +246,58 @@ def merge_attempt(
     raise HeadConflict(f"gave up merging attempt {attempt_id} after {max_retries} CAS conflicts")
 
 
+def open_result(
+    ref: RunRef,
+    attempt: Attempt,
+    cfg: RunConfig,
+    cache: HeadCache,
+    timings: dict[str, float] | None = None,
+) -> tuple[TensorSource, StateDict | TensorSource | None, dict[str, Any]] | str:
+    """The attempt's result ready to stream (decoded when reduced), its base if that was
+    needed, and its attrs; or why it must be rejected.
+
+    Everything about the result that can be judged before its data is read:
+    the group exists, is complete and its record table is sound (bounds,
+    overlaps, sizes; checked whole before anything is allocated), the worker's
+    report is believable (:func:`report_problem`), the encoding is known and
+    fits the base. A failure to read the result (or its base) is a reason,
+    never an exception: one result must not fail the run.
+    """
+    t = time.perf_counter()
+    try:
+        # Streamed: the result is read a batch of tensors at a time while the
+        # new version is merged and written (vcdl.driver.streamed).
+        stored = ref.store().reader(attempt.result_uri or "")
+    except StoreError as exc:
+        return f"result unreadable: {exc}"
+    if timings is not None:
+        timings["read_result"] = time.perf_counter() - t
+    problem = report_problem(attempt, stored.attrs, shard_samples(ref, cfg))
+    if problem is not None:
+        return problem
+    encoding = stored.attrs.get("encoding", "full")
+    if not isinstance(encoding, str) or encoding not in PRECISIONS:
+        return f"result has an unknown encoding {encoding!r}"
+    if encoding == "full":
+        return stored, None, stored.attrs
+    # A change from the base version: decoded batch by batch against it.
+    try:
+        base = _base_of(ref, attempt, cache)
+    except StoreError as exc:
+        return f"the result's base is unreadable: {exc}"
+    decoded = Decoded(stored, base, cast(Precision, encoding))
+    if decoded.problem is not None:
+        return decoded.problem
+    return decoded, base, stored.attrs
+
+
 def _base_of(ref: RunRef, attempt: Attempt, cache: HeadCache) -> StateDict | TensorSource:
     """The weights of the attempt's base version: kept in memory when recent (the cache
-    never writes into a buffer an input uses), else streamed from the store."""
+    never writes into a buffer an input uses), else streamed from the store, checked
+    against the ledger's checksum."""
     row = ref.ledger().get_version(ref.run, attempt.base_version)
     kept = cache.cached(row.number)
-    return kept if kept is not None else ref.store().reader(row.uri)
+    return kept if kept is not None else ref.store().reader(row.uri, expect=row.checksum)
 
 
 def _read_rule_state(ref: RunRef, store: WeightStore, version: Version) -> StateDict | None:
@@ -259,6 +312,43 @@ def _delete(store: WeightStore, *paths: str | None) -> None:
             store.delete(path)
 
 
-def _planned_samples(ref: RunRef, attempt: Attempt) -> int:
-    attrs = ref.store().read_attrs(attempt.result_uri or "")
-    return int(attrs.get("planned_samples") or attempt.samples or 1)
+def _planned_samples(attempt: Attempt, attrs: Mapping[str, Any]) -> int:
+    """The samples the attempt meant to train (checked by :func:`report_problem`)."""
+    planned = attrs.get("planned_samples")
+    return planned if isinstance(planned, int) and planned > 0 else max(1, attempt.samples or 1)
+
+
+def report_problem(attempt: Attempt, attrs: Mapping[str, Any], limit: int | None) -> str | None:
+    """Why what the worker reported with its result is not believable, or None.
+
+    The sample count must be a positive integer within the shard's samples
+    (``limit``), as must the planned samples of a partial result; the loss
+    and the training seconds must be finite (the loss may be missing, or NaN
+    for an attempt that resumed a checkpoint and trained no batch of its own).
+    """
+    problem = count_problem(attempt.samples, limit)
+    if problem is None and attempt.state == "interrupted" and "planned_samples" in attrs:
+        problem = count_problem(attrs["planned_samples"], limit, "planned sample count")
+    if problem is None:
+        problem = metric_problem(attempt.loss, "loss", allow_nan=attempt.resumed_from is not None)
+    if problem is None:
+        problem = metric_problem(attempt.train_seconds, "training seconds", minimum=0.0)
+    return None if problem is None else f"bad report from the worker: {problem}"
+
+
+# Per run (its data set is fixed for its life): one data set lookup per run, not per merge.
+_SHARD_ROWS: dict[tuple[str, str, str, str, int], int] = {}
+
+
+def shard_samples(ref: RunRef, cfg: RunConfig) -> int | None:
+    """The most samples an attempt of this run can train: its largest shard's rows times
+    the local epochs (None if the data set cannot be described)."""
+    key = (ref.ledger_url, ref.store_url, ref.run, cfg.data.name, cfg.data.shards)
+    rows = _SHARD_ROWS.get(key)
+    if rows is None:
+        try:
+            n = open_dataset(ref.store(), cfg.data.name).n_train
+        except (DataError, StoreError):
+            return None
+        rows = _SHARD_ROWS[key] = -(-n // cfg.data.shards)
+    return rows * cfg.train.local_epochs

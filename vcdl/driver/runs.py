@@ -175,10 +175,11 @@ def clean_orphans(ref: RunRef) -> list[str]:
 
 
 def load_version(ref: RunRef, number: int | None = None) -> tuple[int, dict[str, torch.Tensor]]:
-    """A version's weights (default: the head), checksums verified."""
+    """A version's weights (default: the head), verified against the checksums the ledger
+    recorded when it was made (:class:`~vcdl.errors.ChecksumMismatch` if rewritten since)."""
     ledger = ref.ledger()
     row = ledger.head(ref.run) if number is None else ledger.get_version(ref.run, number)
-    return row.number, ref.store().read_state(row.uri)
+    return row.number, ref.store().read_state(row.uri, expect=row.checksum)
 
 
 def evaluate_version(

@@ -22,6 +22,7 @@ written, and the written group is deleted (an orphan if that fails).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import queue
 import threading
@@ -30,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
+from vcdl.errors import MergeError, StoreError
 from vcdl.merge.checks import mismatch, update_norm
 from vcdl.merge.codec import Precision, check_stored, decode, stored_names
 from vcdl.merge.rules import STEP_KEY, Applied, MergeRule, merge_rule
@@ -109,8 +111,9 @@ def streamed_merge(
     rules that read it. ``out``: buffers with the head's layout to merge into
     (see :meth:`HeadCache.merge`). Returns the merged weights and the rule's
     state with the version's checksum, or the reason to reject the result
-    (its version then deleted). Never raises for a bad result; store errors
-    propagate.
+    (its version then deleted). Never raises for a bad result (errors
+    reading it or its base, and inputs the rule refuses, become the reason);
+    errors writing the version propagate.
     """
     reason = mismatch(meta_state(specs_of(head)), meta_state(result.specs), "result")
     if reason is not None:
@@ -128,12 +131,13 @@ def streamed_merge(
 
     def read(names: list[str]) -> tuple[StateDict, StateDict | None]:
         t = time.perf_counter()
-        sub = result.read(names)
         got: tuple[StateDict, StateDict | None]
-        if base is not None and not isinstance(base, dict):
-            got = sub, base.read(names)
-        else:
-            got = sub, None if base is None else {k: base[k] for k in names}
+        with _unreadable():
+            sub = result.read(names)
+            if base is not None and not isinstance(base, dict):
+                got = sub, base.read(names)
+            else:
+                got = sub, None if base is None else {k: base[k] for k in names}
         busy["read"] += time.perf_counter() - t
         return got
 
@@ -161,14 +165,17 @@ def streamed_merge(
                         break
                     norm_sq += update_norm(ref, sub) ** 2
                 state_sub = _state_part(state, names)
-                applied = unbounded.apply(
-                    head_sub,
-                    sub,
-                    alpha,
-                    base=base_sub,
-                    state=state_sub,
-                    out=None if out is None else {k: out[k] for k in names},
-                )
+                try:
+                    applied = unbounded.apply(
+                        head_sub,
+                        sub,
+                        alpha,
+                        base=base_sub,
+                        state=state_sub,
+                        out=None if out is None else {k: out[k] for k in names},
+                    )
+                except MergeError as exc:  # inputs the rule refuses: this result's
+                    applied = f"cannot merge the result: {exc}"
                 if isinstance(applied, str):
                     reason = applied
                     break
@@ -187,6 +194,9 @@ def streamed_merge(
         t = time.perf_counter()
         checksum = version.commit()
         busy["write"] += time.perf_counter() - t
+    except Unreadable as exc:
+        version.abort()
+        return Streamed(None, str(exc))
     except BaseException:
         version.abort()
         raise
@@ -210,7 +220,11 @@ def streamed_check(
     norm_sq = 0.0
     for specs in batches(specs_of(head), batch_bytes):
         names = [s.name for s in specs]
-        sub = result.read(names)
+        try:
+            with _unreadable():
+                sub = result.read(names)
+        except Unreadable as exc:
+            return str(exc)
         head_sub = {k: head[k] for k in names}
         reason = validate_result(head_sub, sub, None)
         if reason is not None:
@@ -220,6 +234,24 @@ def streamed_check(
     if bound is not None and not math.sqrt(norm_sq) <= bound:
         return f"update norm {math.sqrt(norm_sq):.6g} exceeds max_update_norm {bound:.6g}"
     return None
+
+
+class Unreadable(Exception):
+    """A batch of the result (or of its base) could not be read; the message is the reason."""
+
+
+@contextlib.contextmanager
+def _unreadable() -> Iterator[None]:
+    """Errors reading a result's batch, as the reason to reject it.
+
+    What a result's bytes or records can raise: the store's errors (missing,
+    torn, corrupt, malformed) and the value errors of decoding them. Errors
+    of the driver's own writes are not caught here.
+    """
+    try:
+        yield
+    except (StoreError, ValueError) as exc:
+        raise Unreadable(f"result unreadable: {exc}") from exc
 
 
 def _bounded(ref: StateDict, sub: StateDict) -> str | None:

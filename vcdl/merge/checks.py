@@ -27,6 +27,8 @@ from vcdl.errors import MergeError
 from vcdl.types import StateDict
 
 __all__ = [
+    "count_problem",
+    "metric_problem",
     "mismatch",
     "nonfinite",
     "require_compatible",
@@ -238,3 +240,43 @@ def update_norm(head: StateDict, result: StateDict) -> float:
             _diff_norm(h, result[k], scratch) ** 2 for k, h in head.items() if h.is_floating_point()
         )
     return math.sqrt(sq)
+
+
+def count_problem(value: object, limit: int | None, name: str = "sample count") -> str | None:
+    """Why a count a worker reported is not a positive integer of at most ``limit``, or None.
+
+    A worker's sample counts weigh its result (a partial result counts in
+    proportion) and bound its attempt budget: a negative, zero, fractional,
+    non-finite or oversized one is a broken report, and the result is rejected
+    for it. ``limit``: the shard's samples times the local epochs (None: no
+    upper bound known).
+    """
+    if not isinstance(value, int) or isinstance(value, bool):
+        return f"{name} {value!r} is not an integer"
+    if value <= 0:
+        return f"{name} {value} is not positive"
+    if limit is not None and value > limit:
+        return f"{name} {value} exceeds the {limit} samples of the attempt's shard"
+    return None
+
+
+def metric_problem(
+    value: object, name: str, *, allow_nan: bool = False, minimum: float | None = None
+) -> str | None:
+    """Why a metric a worker reported (a loss, seconds) is not a finite number, or None.
+
+    None (not measured) passes. ``allow_nan``: NaN means "not measured" too
+    (the mean loss of an attempt that trained no batch of its own).
+    ``minimum``: the least value that makes sense (0 for seconds).
+    """
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return f"{name} {value!r} is not a number"
+    if math.isnan(value) and allow_nan:
+        return None
+    if not math.isfinite(value):
+        return f"{name} {value!r} is not finite"
+    if minimum is not None and value < minimum:
+        return f"{name} {value!r} is below {minimum:g}"
+    return None

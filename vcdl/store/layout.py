@@ -48,8 +48,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -60,7 +62,7 @@ import numpy as np
 import torch
 from zarr.core.buffer import Buffer, default_buffer_prototype
 
-from vcdl.errors import IntegrityError, StoreError
+from vcdl.errors import ChecksumMismatch, IntegrityError, StoreError
 from vcdl.types import StateDict
 
 FORMAT = 2
@@ -105,6 +107,37 @@ def combined_checksum(tensors: Mapping[str, Mapping[str, Any]]) -> str:
         line = json.dumps([name, rec.get("dtype"), rec.get("shape"), rec.get("checksum")])
         h.update(line.encode() + b"\n")
     return h.hexdigest()
+
+
+def check_identity(vcdl: Mapping[str, Any], expect: str, uri: str) -> None:
+    """Refuse a group whose records do not hash to ``expect``, the identity the ledger recorded.
+
+    A group's own checksums vouch for its bytes only against that same
+    group's records: one rewritten with fresh, valid checksums passes them.
+    The ledger's record, taken when the version was made, does not move with
+    it.
+    """
+    records = vcdl.get("tensors")
+    if not isinstance(records, dict) or not all(isinstance(r, dict) for r in records.values()):
+        raise IntegrityError(f"{uri}: the group records no tensors")
+    got = combined_checksum(records)
+    if got != expect:
+        raise ChecksumMismatch(
+            f"{uri} does not hold what the ledger recorded (content checksum {got[:12]}, "
+            f"the ledger's {str(expect)[:12]}): the group was rewritten after it was "
+            "recorded; refusing to read it"
+        )
+
+
+def consolidated_of(doc: Mapping[str, Any], uri: str) -> dict[str, Any]:
+    """The array metadata consolidated into a group's document, checked to be a mapping."""
+    consolidated = doc.get("consolidated_metadata") or {}
+    meta = consolidated.get("metadata") if isinstance(consolidated, dict) else None
+    if meta is None and not consolidated:
+        return {}
+    if not isinstance(meta, dict):
+        raise IntegrityError(f"{uri}: the group's consolidated metadata is malformed")
+    return meta
 
 
 def buffer(data: bytes) -> Buffer:
@@ -174,27 +207,32 @@ def _array_meta(length: int, chunk: int, data_type: str) -> tuple[dict[str, Any]
 def _parse_array(meta: Mapping[str, Any], node: str, uri: str) -> ArrayLayout:
     """An :class:`ArrayLayout` from stored metadata, refusing anything not ours."""
     try:
-        shape = [int(s) for s in meta["shape"]]
-        np_dtype = np.dtype(meta["data_type"])
-        codecs = meta["codecs"]
-        encoding = meta["chunk_key_encoding"]
-        chunks = [int(c) for c in meta["chunk_grid"]["configuration"]["chunk_shape"]]
-        grid = meta["chunk_grid"]["name"]
-    except (KeyError, TypeError, ValueError) as exc:
+        shape, chunks = meta["shape"], meta["chunk_grid"]["configuration"]["chunk_shape"]
+        codecs, encoding = meta["codecs"], meta["chunk_key_encoding"]
+        plain = (
+            isinstance(shape, list)
+            and len(shape) == 1
+            and _is_int(shape[0])
+            and shape[0] >= 0
+            and meta["chunk_grid"]["name"] == "regular"
+            and isinstance(chunks, list)
+            and len(chunks) == 1
+            and _is_int(chunks[0])
+            and chunks[0] >= 1
+            and isinstance(codecs, list)
+            and len(codecs) == 1
+            and isinstance(codecs[0], dict)
+            and codecs[0].get("name") == "bytes"
+            and (codecs[0].get("configuration") or {}).get("endian", "little") == "little"
+            and isinstance(encoding, dict)
+            and encoding.get("name") == "default"
+            and (encoding.get("configuration") or {}).get("separator") == "."
+        )
+        data_type = meta["data_type"]
+        np_dtype = np.dtype(data_type) if isinstance(data_type, str) else None
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise IntegrityError(f"{uri}: metadata of array {node!r} is malformed: {exc}") from exc
-    plain = (
-        len(shape) == 1
-        and shape[0] >= 0
-        and grid == "regular"
-        and len(chunks) == 1
-        and chunks[0] >= 1
-        and len(codecs) == 1
-        and codecs[0].get("name") == "bytes"
-        and codecs[0].get("configuration", {}).get("endian", "little") == "little"
-        and encoding.get("name") == "default"
-        and encoding.get("configuration", {}).get("separator") == "."
-    )
-    if not plain:
+    if not plain or np_dtype is None or np_dtype.kind not in "biufc" or np_dtype.itemsize < 1:
         raise IntegrityError(
             f"{uri}: array {node!r} is not in vcdl's layout (flat, uncompressed, '.' chunk "
             "keys); was it rewritten by another tool?"
@@ -458,17 +496,93 @@ class ReadPlan:
         return {t.name: t.tensor for t in self.tensors}
 
 
-def plan_read(vcdl: Mapping[str, Any], arrays_meta: Mapping[str, Any], uri: str) -> ReadPlan:
-    """Validate a format 2 group's records and allocate every tensor's memory."""
-    records = vcdl.get("tensors")
+# What a record table may claim before anything is allocated (see check_records).
+MAX_DIMS = 32
+MAX_ELEMENTS = 1 << 60
+MIN_CHUNK_BYTES = 1 << 20
+"""vcdl writes chunks of about CHUNK_BYTES (never below half of it), or one chunk for an
+array smaller than that. A stored array chunked finer than a quarter of the smaller of
+the two would make a reader plan (and list) one entry per chunk of an absurd count, and
+is refused."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One tensor's record in a group's table, checked (see :func:`check_records`)."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    numel: int
+    array: str
+    offset: int
+    checksum: str
+
+
+@dataclass
+class CheckedTable:
+    """A group's record table, validated against its arrays: safe to allocate."""
+
+    records: dict[str, Record]
+    arrays: dict[str, ArrayLayout]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.data_bytes for a in self.arrays.values())
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_record(name: object, rec: object, uri: str) -> tuple[torch.dtype, tuple[int, ...], int]:
+    """A record's dtype, shape and offset, refusing malformed ones. Pure, allocates nothing."""
+    if not isinstance(name, str) or not name:
+        raise IntegrityError(f"{uri}: a tensor record has a bad name {name!r}")
+    if not isinstance(rec, dict):
+        raise IntegrityError(f"{uri}: record of tensor {name!r} is malformed")
+    dtype = torch_dtype(rec.get("dtype"), uri, name)
+    shape, offset = rec.get("shape"), rec.get("offset")
+    if (
+        not isinstance(shape, list)
+        or len(shape) > MAX_DIMS
+        or not all(_is_int(s) and 0 <= s < MAX_ELEMENTS for s in shape)
+        or not isinstance(offset, int)
+        or isinstance(offset, bool)
+        or not 0 <= offset < MAX_ELEMENTS
+    ):
+        raise IntegrityError(f"{uri}: tensor {name!r} records a bad shape or offset")
+    if math.prod(shape) >= MAX_ELEMENTS:
+        raise IntegrityError(f"{uri}: tensor {name!r} records an absurd shape {shape}")
+    if not isinstance(rec.get("checksum"), str):
+        raise IntegrityError(f"{uri}: tensor {name!r} records no checksum")
+    return dtype, tuple(shape), offset
+
+
+def check_records(
+    records: object,
+    arrays_meta: Mapping[str, Any],
+    uri: str,
+    memory: int | None = None,
+) -> CheckedTable:
+    """Validate a format 2 group's record table against its arrays, before any allocation.
+
+    Pure: nothing is read or allocated. Refuses, with an :class:`IntegrityError`
+    naming the group and the tensor: a malformed record, an unknown dtype, a
+    shape or offset that is not a non-negative integer, a dtype whose width
+    differs from its array's, a tensor past its array's end, two tensors
+    whose bytes overlap, arrays whose records do not add up to exactly the
+    array's length (vcdl packs each array end to end), arrays chunked finer
+    than vcdl ever writes, and a group whose arrays claim more bytes than
+    ``memory`` (default: this machine's physical memory).
+    """
     if not isinstance(records, dict):
         raise IntegrityError(f"{uri}: the group records no tensors")
     layouts: dict[str, ArrayLayout] = {}
-    tensors: list[ReadTensor] = []
-    by_array: dict[str, list[tuple[int, memoryview, str]]] = {}
+    checked: dict[str, Record] = {}
+    spans: dict[str, list[tuple[int, int, str]]] = {}
     for name, rec in records.items():
-        if not isinstance(rec, dict):
-            raise IntegrityError(f"{uri}: record of tensor {name!r} is malformed")
+        dtype, shape, offset = check_record(name, rec, uri)
         node = rec.get("array")
         if not isinstance(node, str) or not _NODE.fullmatch(node):
             raise IntegrityError(f"{uri}: tensor {name!r} records a bad array {node!r}")
@@ -478,38 +592,91 @@ def plan_read(vcdl: Mapping[str, Any], arrays_meta: Mapping[str, Any], uri: str)
             if not isinstance(meta, dict):
                 raise IntegrityError(f"{uri}: no array metadata for {node!r} (tensor {name!r})")
             layout = layouts[node] = _parse_array(meta, node, uri)
-        dtype = torch_dtype(rec.get("dtype"), uri, name)
-        shape, offset = rec.get("shape"), rec.get("offset")
-        if (
-            not isinstance(shape, list)
-            or not all(isinstance(s, int) and s >= 0 for s in shape)
-            or not isinstance(offset, int)
-            or offset < 0
-        ):
-            raise IntegrityError(f"{uri}: tensor {name!r} records a bad shape or offset")
+            floor = min(CHUNK_BYTES, MIN_CHUNK_BYTES) // 4
+            if layout.length >= MAX_ELEMENTS or layout.chunk_bytes < min(layout.data_bytes, floor):
+                raise IntegrityError(
+                    f"{uri}: array {node!r} ({layout.length} elements in chunks of "
+                    f"{layout.chunk_elems}) is not in vcdl's layout"
+                )
         numel = math.prod(shape)
         if dtype.itemsize != layout.itemsize or offset + numel > layout.length:
             raise IntegrityError(
                 f"{uri}: tensor {name!r} ({dtype}, {numel} elements at {offset}) does not "
                 f"fit array {node!r} ({layout.data_type}, {layout.length} elements)"
             )
-        tensor = torch.empty(shape, dtype=dtype)
-        data = tensor.reshape(-1).view(torch.uint8).numpy().data if numel else memoryview(b"")
-        tensors.append(ReadTensor(name, tensor, data, rec.get("checksum"), node, offset))
+        checked[name] = Record(name, dtype, shape, numel, node, offset, rec["checksum"])
         if numel:
-            by_array.setdefault(node, []).append((offset * layout.itemsize, data, name))
+            spans.setdefault(node, []).append((offset, offset + numel, name))
+    for node, layout in layouts.items():
+        items = sorted(spans.get(node, []))
+        for (_, end, before), (start, _, name) in itertools.pairwise(items):
+            if start < end:
+                raise IntegrityError(
+                    f"{uri}: tensors {before!r} and {name!r} overlap in array {node!r}"
+                )
+        total = sum(end - start for start, end, _ in items)
+        if total != layout.length:
+            raise IntegrityError(
+                f"{uri}: the tensors of array {node!r} hold {total} elements, the array "
+                f"{layout.length}: the record table does not describe the array"
+            )
+    table = CheckedTable(checked, layouts)
+    limit = physical_memory() if memory is None else memory
+    if limit is not None and table.nbytes > limit:
+        raise IntegrityError(
+            f"{uri}: the group claims {table.nbytes} bytes of tensors, more than this "
+            f"machine's memory ({limit} bytes); refusing to allocate it"
+        )
+    return table
+
+
+@functools.cache
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes, or None where the OS does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def plan_read(
+    vcdl: Mapping[str, Any],
+    arrays_meta: Mapping[str, Any],
+    uri: str,
+    only: Sequence[str] | None = None,
+    table: CheckedTable | None = None,
+) -> ReadPlan:
+    """Validate a format 2 group's records (all of them), then allocate the memory of the
+    tensors to read (``only`` those named, in that order, if given). ``table``: the
+    records already checked (a :class:`~vcdl.store.streaming.StateReader` checks them
+    once, not at every batch)."""
+    if table is None:
+        table = check_records(vcdl.get("tensors"), arrays_meta, uri)
+    names = list(table.records) if only is None else list(only)
+    tensors: list[ReadTensor] = []
+    by_array: dict[str, list[tuple[int, memoryview, str]]] = {}
+    for name in names:
+        rec = table.records.get(name)
+        if rec is None:
+            raise StoreError(f"{uri} has no tensor {name!r}")
+        layout = table.arrays[rec.array]
+        tensor = torch.empty(rec.shape, dtype=rec.dtype)
+        data = tensor.reshape(-1).view(torch.uint8).numpy().data if rec.numel else memoryview(b"")
+        tensors.append(ReadTensor(name, tensor, data, rec.checksum, rec.array, rec.offset))
+        if rec.numel:
+            by_array.setdefault(rec.array, []).append((rec.offset * layout.itemsize, data, name))
     chunks: list[ChunkRead] = []
     for node, items in by_array.items():
-        layout = layouts[node]
+        layout = table.arrays[node]
         items.sort(key=lambda item: item[0])
         per_chunk = split([(at, view) for at, view, _ in items], layout.chunk_bytes, layout.nchunks)
-        names = _names_per_chunk(items, layout)
+        names_of = _names_per_chunk(items, layout)
         for j, pieces in enumerate(per_chunk):
             if not pieces:
                 continue
             last = j == layout.nchunks - 1
             pad_from = layout.data_bytes - j * layout.chunk_bytes if last else None
-            chunks.append(ChunkRead(layout, j, pieces, pad_from, names[j]))
+            chunks.append(ChunkRead(layout, j, pieces, pad_from, names_of[j]))
     return ReadPlan(tensors, chunks)
 
 

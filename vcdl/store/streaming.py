@@ -48,12 +48,14 @@ from vcdl.store.layout import (
     _bytes_of,
     _zarr_dtype,
     bits_dtype,
+    check_identity,
+    check_records,
     combined_checksum,
+    consolidated_of,
     digest,
     is_state_doc,
     json_attrs,
     parents,
-    torch_dtype,
 )
 from vcdl.types import StateDict
 
@@ -112,7 +114,9 @@ class TensorSource(Protocol):
 class StateReader:
     """One complete state group, read a subset of tensors at a time (see the module)."""
 
-    def __init__(self, store: WeightStore, path: str, verify: bool = True) -> None:
+    def __init__(
+        self, store: WeightStore, path: str, verify: bool = True, expect: str | None = None
+    ) -> None:
         self._store = store
         self._rel = store._rel(path)
         self.uri = store.uri(self._rel)
@@ -123,19 +127,19 @@ class StateReader:
             raise StoreError(
                 f"{self.uri} is a format 1 group; streamed reads need format 2 (read it whole)"
             )
-        records = vcdl.get("tensors")
-        if not isinstance(records, dict):
-            raise IntegrityError(f"{self.uri}: the group records no tensors")
-        self._records: dict[str, Any] = records
-        self.specs = [
-            TensorSpec(
-                name,
-                torch_dtype(rec.get("dtype") if isinstance(rec, dict) else None, self.uri, name),
-                tuple(rec.get("shape") or ()) if isinstance(rec, dict) else (),
-            )
-            for name, rec in records.items()
-        ]
-        self.attrs: dict[str, Any] = dict(vcdl.get("attrs") or {})
+        if expect is not None:
+            check_identity(vcdl, expect, self.uri)
+        # The whole record table, checked before anything is allocated (bounds,
+        # overlaps, sizes); every batch read later plans within it.
+        table = self._table = check_records(
+            vcdl.get("tensors"), consolidated_of(self._doc, self.uri), self.uri
+        )
+        self._records: dict[str, Any] = vcdl["tensors"]
+        self.specs = [TensorSpec(r.name, r.dtype, r.shape) for r in table.records.values()]
+        attrs = vcdl.get("attrs")
+        if attrs is not None and not isinstance(attrs, dict):
+            raise IntegrityError(f"{self.uri}: the group's attrs are not a mapping")
+        self.attrs: dict[str, Any] = dict(attrs or {})
 
     def checksum(self) -> str:
         """The group's content identity (:func:`~vcdl.store.layout.combined_checksum`)."""
@@ -147,9 +151,10 @@ class StateReader:
         missing = [n for n in wanted if n not in self._records]
         if missing:
             raise StoreError(f"{self.uri} has no tensor(s) {missing[:3]}")
-        subset = {n: self._records[n] for n in wanted}
         return self._store._run(
-            self._store._read(self._rel, self.uri, self.verify, doc=self._doc, only=subset),
+            self._store._read(
+                self._rel, self.uri, self.verify, doc=self._doc, only=wanted, table=self._table
+            ),
             "reading",
             self.uri,
         )

@@ -75,11 +75,14 @@ from vcdl.store.layout import (
     GROUP_DOC,
     PROTOTYPE,
     READABLE_FORMATS,
+    CheckedTable,
     ChunkRead,
     ReadPlan,
     WritePlan,
     buffer,
+    check_identity,
     combined_checksum,
+    consolidated_of,
     digest,
     is_complete,
     is_state_doc,
@@ -273,21 +276,27 @@ class WeightStore:
 
     # ---------------------------------------------------------------- reading
 
-    def read_state(self, path: str, verify: bool = True) -> StateDict:
+    def read_state(self, path: str, verify: bool = True, expect: str | None = None) -> StateDict:
         """The state dict at ``path``: CPU tensors, original names, order and dtypes.
 
         Every tensor owns its memory (writable, shared with no other tensor).
         Raises :class:`StoreNotFoundError` if the group is missing or
-        incomplete, and :class:`IntegrityError` if a tensor is missing,
-        truncated or (with ``verify``) does not match its checksum.
+        incomplete, and :class:`IntegrityError` if its record table is
+        malformed or a tensor is missing, truncated or (with ``verify``) does
+        not match its checksum. ``expect``: the group's content identity as
+        the ledger recorded it (:func:`~vcdl.store.layout.combined_checksum`);
+        a group whose records hash otherwise is refused with
+        :class:`ChecksumMismatch` before anything is read, so the bytes are
+        verified against the ledger's checksums, not only the group's own.
         """
         rel = self._rel(path)
         uri = self.uri(rel)
-        return self._run(self._read(rel, uri, verify), "reading", uri)
+        return self._run(self._read(rel, uri, verify, expect=expect), "reading", uri)
 
-    def reader(self, path: str, verify: bool = True) -> StateReader:
-        """The complete state group at ``path``, to read a few tensors at a time."""
-        return StateReader(self, path, verify)
+    def reader(self, path: str, verify: bool = True, expect: str | None = None) -> StateReader:
+        """The complete state group at ``path``, to read a few tensors at a time
+        (``expect``: as for :meth:`read_state`)."""
+        return StateReader(self, path, verify, expect)
 
     def writer(
         self, path: str, specs: Sequence[TensorSpec], attrs: Mapping[str, Any] | None = None
@@ -301,18 +310,20 @@ class WeightStore:
         uri: str,
         verify: bool,
         doc: dict[str, Any] | None = None,
-        only: Mapping[str, Any] | None = None,
+        only: Sequence[str] | None = None,
+        expect: str | None = None,
+        table: CheckedTable | None = None,
     ) -> StateDict:
-        # ``doc`` and ``only``: a StateReader's group document and the records
+        # ``doc`` and ``only``: a StateReader's group document and the names
         # of the tensors it wants (streaming.py).
         group = doc if doc is not None else await self._complete_doc(rel, uri)
         vcdl = group["attributes"][ATTR]
+        if expect is not None:
+            check_identity(vcdl, expect, uri)
         if vcdl.get("format") == 1:
             return await read_v1(self._reader, self._url, rel, uri, group, verify, _concurrency())
-        if only is not None:
-            vcdl = {**vcdl, "tensors": only}
-        consolidated = (group.get("consolidated_metadata") or {}).get("metadata") or {}
-        plan = await asyncio.to_thread(plan_read, vcdl, consolidated, uri)
+        meta = consolidated_of(group, uri)
+        plan = await asyncio.to_thread(plan_read, vcdl, meta, uri, only, table)
         if isinstance(self._reader, LocalStore):
             root = os.path.join(self._url, rel)
             await _in_threads(
@@ -354,7 +365,10 @@ class WeightStore:
         rel = self._rel(path)
         uri = self.uri(rel)
         group = self._run(self._complete_doc(rel, uri), "reading", uri)
-        return combined_checksum(group["attributes"][ATTR]["tensors"])
+        tensors = group["attributes"][ATTR]["tensors"]
+        if not isinstance(tensors, dict):
+            raise IntegrityError(f"{uri}: the group records no tensors")
+        return combined_checksum(tensors)
 
     def exists(self, path: str) -> bool:
         """True if a complete state group is at ``path``."""
@@ -481,8 +495,9 @@ class WeightStore:
             await self._check_bucket()
             raise StoreNotFoundError(f"no state group at {uri}")
         if not is_complete(doc):
-            if doc.get("node_type") == "group" and not isinstance(
-                doc.get("attributes", {}).get(ATTR), dict
+            attributes = doc.get("attributes")
+            if doc.get("node_type") == "group" and not (
+                isinstance(attributes, dict) and isinstance(attributes.get(ATTR), dict)
             ):
                 raise StoreNotFoundError(f"{uri} is a Zarr group but not a state group")
             raise StoreNotFoundError(f"state group at {uri} is incomplete (a crashed write)")

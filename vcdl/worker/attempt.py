@@ -29,7 +29,7 @@ from torch import nn
 
 from vcdl.config import RunConfig
 from vcdl.data import open_dataset, read_arrays, shard_indices
-from vcdl.errors import IntegrityError, StoreNotFoundError
+from vcdl.errors import StoreError
 from vcdl.ledger import Attempt
 from vcdl.merge.codec import encode
 from vcdl.merge.rules import merge_rule
@@ -162,7 +162,8 @@ def resume_point(store: WeightStore, earlier: list[Attempt]) -> tuple[Attempt, S
     deadline, then "timeout"); "killed" ones are dead. Their
     checkpoints are durable: resuming from one loses only the training after
     it. A checkpoint deleted meanwhile (its attempt wrote a newer one) or
-    failing its checksums is passed over; None means start over.
+    unreadable (failing its checksums, a malformed record table) is passed
+    over; None means start over.
     """
     candidates = [
         a for a in earlier if a.state in RESUMABLE_ATTEMPT_STATES and a.checkpoint_uri and a.samples
@@ -171,7 +172,7 @@ def resume_point(store: WeightStore, earlier: list[Attempt]) -> tuple[Attempt, S
         assert a.checkpoint_uri is not None
         try:
             return a, store.read_state(a.checkpoint_uri)
-        except (IntegrityError, StoreNotFoundError):
+        except StoreError:  # missing, torn, corrupt or malformed: a dying worker's output
             continue
     return None
 
@@ -259,7 +260,8 @@ def run_attempt(
         else:
             start_samples = 0
             base_row = ledger.get_version(ref.run, attempt.base_version)
-            base = store.read_state(base_row.uri)
+            # Against the ledger's checksum, not only the group's own.
+            base = store.read_state(base_row.uri, expect=base_row.checksum)
             version_state = base  # what a reduced-precision result is encoded against
             rule = merge_rule(cfg.merge)
             if rule.worker_variable:
@@ -333,7 +335,7 @@ def run_attempt(
             # where training started (a checkpoint, EASGD's own variable).
             if version_state is None:
                 row = ledger.get_version(ref.run, attempt.base_version)
-                version_state = store.read_state(row.uri)
+                version_state = store.read_state(row.uri, expect=row.checksum)
             stored = encode(result.state, version_state, precision)
         store.write_state(
             path,
