@@ -188,8 +188,10 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.workers, args.attempt_seconds, args.params, args.processes = [4], 2.0, 1e6, 2
-    # The sleeper's module path is an import path from the config: allowed here.
-    os.environ.setdefault("VCDL_ALLOW_IMPORTS", "vcdl.models.synthetic")
+    # The sleeper is no built-in: its import path is allowed here, besides
+    # whatever the environment already allows (docs/configuration.md).
+    allowed = [p for p in os.environ.get("VCDL_ALLOW_IMPORTS", "").split(",") if p.strip()]
+    os.environ["VCDL_ALLOW_IMPORTS"] = ",".join([*allowed, "vcdl.models.synthetic"])
     results = []
     # One directory for every N: the first run's home holds the ephemeral
     # Prefect server's database, which the process keeps using afterwards.

@@ -15,6 +15,7 @@ runner whose Dask client stays open for the whole run
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import tempfile
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 
-from distributed import Client
+from distributed import Client, WorkerPlugin
 from distributed.diagnostics.plugin import UploadFile
 
 from flows.workarounds.dask_logs import quiet_benign_logs
@@ -31,7 +32,15 @@ from flows.workarounds.warmup import WarmupPlugin
 from flows.workarounds.watchdog import ClusterWatchdog
 from vcdl.config import RunConfig
 from vcdl.errors import ModelError
-from vcdl.usercode import bundle, code_dirs, forget_gone_archives, local_modules, run_specs
+from vcdl.usercode import (
+    bundle,
+    code_dirs,
+    forget_gone_archives,
+    grant,
+    local_modules,
+    run_specs,
+    split_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -104,12 +113,46 @@ def ship_user_code(address: str, cfg: RunConfig) -> list[str]:
     return names
 
 
+class ImportAllowance(WorkerPlugin):
+    """Lets a worker import the modules its driver allowed for a run (docs/design.md §7).
+
+    The driver checked the run's import paths against its own allowance
+    (``$VCDL_ALLOW_IMPORTS``, and for ``vcdl train CONFIG`` the modules beside
+    CONFIG) before anything was imported or submitted; a worker imports only
+    what some driver allowed this way, or what its own ``$VCDL_ALLOW_IMPORTS``
+    allows. The scheduler applies it to workers that join later too.
+    """
+
+    def __init__(self, modules: list[str]) -> None:
+        self.modules = sorted(set(modules))
+        digest = hashlib.sha256(",".join(self.modules).encode()).hexdigest()[:12]
+        # One per set of modules: runs sharing a fleet keep each other's.
+        self.name = f"vcdl-allow-imports-{digest}"
+
+    def setup(self, worker: object) -> None:
+        grant(self.modules)
+
+
+def allow_run_imports(address: str, cfg: RunConfig) -> None:
+    """Tell every worker (also later ones) which modules this run's import paths need."""
+    modules = [
+        p[0]
+        for s in run_specs(cfg.model.factory, cfg.train.objective, cfg.train.metrics)
+        if (p := split_path(s)) is not None
+    ]
+    if not modules:
+        return
+    with Client(address, timeout=60) as client:
+        client.register_plugin(ImportAllowance(modules))
+
+
 @contextmanager
 def dask_cluster(cfg: RunConfig) -> Iterator[str]:
     """Yield a scheduler address: the configured one, or a LocalCluster's."""
     quiet_benign_logs()
     if cfg.cluster.address:
         register_worker_plugins(cfg.cluster.address)
+        allow_run_imports(cfg.cluster.address, cfg)
         ship_user_code(cfg.cluster.address, cfg)
         yield cfg.cluster.address
         return
@@ -137,6 +180,7 @@ def dask_cluster(cfg: RunConfig) -> Iterator[str]:
             "LocalCluster with %d workers at %s", cfg.cluster.workers, cluster.scheduler_address
         )
         register_worker_plugins(cluster.scheduler_address)
+        allow_run_imports(cluster.scheduler_address, cfg)
         ship_user_code(cluster.scheduler_address, cfg)
         # Restarts workers the cluster gave up on (flows/workarounds/watchdog.py).
         watchdog = ClusterWatchdog(cluster, cfg.cluster.workers)

@@ -1,5 +1,9 @@
 """The deployments of vcdl, for ``vcdl serve`` (prefect.yaml declares the same for workers).
 
+A flow run started from a deployment keeps the deployment's locations and
+imports only what ``$VCDL_ALLOW_IMPORTS`` of the deployment's environment
+allows (flows/guard.py).
+
 Names and schedules match ``prefect.yaml``: ``vcdl-train/vcdl-train``,
 ``vcdl-retrain/vcdl-retrain`` (cron :data:`RETRAIN_CRON`, inactive until
 enabled in the UI or with ``prefect deployment schedule resume``) and
@@ -51,8 +55,20 @@ def deployments(home: str | None = None, parent: str = DEFAULT_PARENT) -> list[A
 
 
 def serve(home: str | None = None, parent: str = DEFAULT_PARENT, limit: int | None = None) -> None:
-    """Serve the deployments from this process until interrupted (no work pool needed)."""
+    """Serve the deployments from this process until interrupted (no work pool needed).
+
+    ``home`` becomes the deployments' own vcdl home (``$VCDL_HOME`` of the flow
+    runs): a form may leave it empty or repeat it, not point elsewhere
+    (flows/guard.py).
+    """
+    import os
+
     from prefect import serve as prefect_serve
+
+    from vcdl.config import HOME_ENV
+
+    if home:
+        os.environ[HOME_ENV] = home
 
     prefect_serve(*deployments(home, parent), limit=limit)
 

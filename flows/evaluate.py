@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from prefect import flow, get_run_logger
 from pydantic import Field
 
+from flows.guard import form_home, form_ledger_url
 from flows.reporting import publish_table
 from vcdl.config import resolve_home
 from vcdl.driver.runs import evaluate_version
@@ -31,6 +32,8 @@ def evaluate(
     ledger_url: Annotated[str | None, Field(description="Ledger URL; empty = under home.")] = None,
 ) -> dict[str, Any]:
     """Evaluate a version (default: the head) of ``run``; returns its metrics and samples."""
+    # From a deployment's form: the deployment's home and ledger only, no credentials.
+    ledger_url = form_ledger_url(ledger_url, form_home(home))
     ref = run_ref(run, resolve_home(home), ledger_url)
     cfg = ref.config()
     ev = evaluate_version(ref, cfg, version, split=split, dataset=data)

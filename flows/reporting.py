@@ -26,6 +26,7 @@ from typing import Any
 from uuid import UUID
 
 from vcdl.ledger import utcnow
+from vcdl.redact import redact_text, redact_url
 from vcdl.runtime import RunRef
 from vcdl.states import TERMINAL_SUBTASK_STATES
 from vcdl.views.artifacts import (
@@ -183,7 +184,14 @@ def publish_summary(ref: RunRef, summary: dict[str, Any]) -> None:
     try:
         create_markdown_artifact(
             key=artifact_key("vcdl", "summary", ref.run),
-            markdown=summary_markdown(summary, rows, plot_uri, image, data_fingerprint(ref), cost),
+            markdown=summary_markdown(
+                summary,
+                rows,
+                redact_url(plot_uri) if plot_uri else None,
+                image,
+                data_fingerprint(ref),
+                cost,
+            ),
             description=f"vcdl run {ref.run}",
         )
     except Exception as exc:
@@ -191,14 +199,18 @@ def publish_summary(ref: RunRef, summary: dict[str, Any]) -> None:
 
 
 def emit(event: str, run: str, payload: dict[str, Any] | None = None) -> None:
-    """Emit a Prefect event about run ``run`` (resource ``vcdl.run.<run>``)."""
+    """Emit a Prefect event about run ``run`` (resource ``vcdl.run.<run>``).
+
+    Every URL in the payload's strings (an error message, say) is redacted.
+    """
     from prefect.events import emit_event
 
+    shown = {k: redact_text(v) if isinstance(v, str) else v for k, v in (payload or {}).items()}
     try:
         emit_event(
             event=event,
             resource={"prefect.resource.id": f"vcdl.run.{run}", "prefect.resource.name": run},
-            payload=payload or {},
+            payload=shown,
         )
     except Exception as exc:
         _logger().warning("event %s not emitted: %s", event, exc)

@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal
 from prefect import flow, get_run_logger
 from pydantic import Field
 
+from flows.guard import form_home, form_ledger_url
 from flows.reporting import data_fingerprint, emit
 from flows.train import train
 from vcdl.config import resolve_home
@@ -70,6 +71,8 @@ def retrain(
 ) -> dict[str, Any]:
     """Warm-start a new run from ``parent`` on the current data; skip if the data is unchanged."""
     log = get_run_logger()
+    # From a deployment's form: the deployment's home and ledger only, no credentials.
+    ledger_url = form_ledger_url(ledger_url, form_home(home))
     home_path = resolve_home(home)
     try:
         ledger = existing_ledger(home_path, ledger_url)
@@ -81,7 +84,7 @@ def retrain(
         source = ledger.find_run(parent)
     if source is None:
         emit("vcdl.retrain.failed", parent, {"error": f"run {parent!r} not found"})
-        raise RunNotFound(f"run {parent!r} not found in ledger {ledger.url}")
+        raise RunNotFound(f"run {parent!r} not found in ledger {ledger.display_url}")
     src_ref = run_ref(source.name, home_path, ledger.url)
     src_cfg = src_ref.config()
     data_name = data or src_cfg.data.name

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 
 from flows.cluster import dask_cluster
 from flows.epoch import epoch_flow
+from flows.guard import check_train_form
 from flows.reporting import (
     ProgressUpdater,
     emit,
@@ -134,9 +135,14 @@ def train(
     ``run_deployment(...).state.result()`` returns it where the result
     storage is readable; ``vcdl status RUN --json`` prints the same. A failure
     emits the Prefect event ``vcdl.run.failed`` on resource ``vcdl.run.<run>``.
+
+    Started from a deployment (the UI's form), it imports only what
+    ``$VCDL_ALLOW_IMPORTS`` allows and keeps the deployment's locations
+    (flows/guard.py, docs/design.md §7).
     """
     cfg = _named(config)
     try:
+        check_train_form(cfg, home, chaos)
         return _train(cfg, home, chaos)
     except Exception as exc:
         emit(

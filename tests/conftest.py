@@ -13,6 +13,13 @@ from tests.s3fixture import *  # noqa: F403  (s3_endpoint, s3_bucket_url fixture
 
 REPO = Path(__file__).resolve().parent.parent
 
+# The tests' own model factories and objectives (tests.integration.broken_model,
+# tests.unit.test_models, ...) are named by import path: the operator's
+# allow-list (docs/configuration.md) lets them in, here and in every process
+# the tests start (CLI subprocesses, Dask workers), which inherit it.
+_allowed = [p for p in os.environ.get("VCDL_ALLOW_IMPORTS", "").split(",") if p.strip()]
+os.environ["VCDL_ALLOW_IMPORTS"] = ",".join([*_allowed, "tests"])
+
 
 @pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:

@@ -77,6 +77,12 @@ def resolve(
     ``home``. Then the preflight: the data set (built-ins are generated), the
     model factory and the instance prices, so that bad input fails here
     with one line, before the ledger is touched.
+
+    The caller is trusted as the config's author: the run's own modules
+    beside its config file (``run.code_dir``; for a config made in Python
+    without one, the current directory) may be imported, besides what
+    ``$VCDL_ALLOW_IMPORTS`` allows (docs/design.md §7). A Prefect form never
+    comes this way: the ``vcdl-train`` flow allows only the environment's list.
     """
     if isinstance(config, RunConfig):
         cfg = parse_config(apply_overrides(config.model_dump(), overrides)) if overrides else config
@@ -87,8 +93,23 @@ def resolve(
     if workers:
         cfg = cfg.updated(cluster={"workers": workers})
     cfg = cfg.with_locations(resolve_home(home))
+    allow_own_code(cfg)
     preflight(cfg)
     return cfg
+
+
+def allow_own_code(cfg: RunConfig) -> None:
+    """Let this process import the run's own modules beside its config (a trusted caller's).
+
+    For the CLI and this API only, never for a Prefect form: grants the
+    modules of the run's import paths found in ``run.code_dir`` (else the
+    current directory) and makes them importable here.
+    """
+    from vcdl.usercode import code_dirs, grant_beside_config, importable_here, run_specs
+
+    specs = run_specs(cfg.model.factory, cfg.train.objective, cfg.train.metrics)
+    if grant_beside_config(specs, cfg.run.code_dir):
+        importable_here(code_dirs(cfg.run.code_dir), specs)
 
 
 def preflight(cfg: RunConfig) -> None:
@@ -96,9 +117,12 @@ def preflight(cfg: RunConfig) -> None:
     objective cannot use, or an unpriced instance type, before the ledger is touched."""
     from vcdl.driver.runs import ensure_dataset, new_model
     from vcdl.objectives import objective_for
-    from vcdl.usercode import code_dirs, importable_here, run_specs
+    from vcdl.usercode import code_dirs, importable_here, run_check, run_specs
     from vcdl.views.prices import run_prices
 
+    # Before anything is imported: only what the operator (or the config's
+    # author, through the CLI or this API) allows.
+    run_check(cfg.model.factory, cfg.train.objective, cfg.train.metrics, grants=True)
     run_prices(cfg.cost)
     # The run's own modules (beside its config, or here) import in this process too.
     specs = run_specs(cfg.model.factory, cfg.train.objective, cfg.train.metrics)

@@ -3,7 +3,7 @@
 Two kinds of event, at the times of a seeded Poisson process:
 
 - **kill**: SIGKILL of a worker process, no notice (a spot VM reclaimed
-  without warning, a volunteer machine unplugged);
+  without warning, a machine unplugged);
 - **notice**: SIGTERM, then SIGKILL after a grace period (AWS gives two
   minutes, GCP thirty seconds, Kubernetes ``terminationGracePeriodSeconds``;
   scaled down for tests). A vcdl worker that gets the notice stops its attempt

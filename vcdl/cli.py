@@ -27,7 +27,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    print(f"vcdl: error: {message}", file=sys.stderr)
+    from vcdl.redact import redact_text
+
+    # Any URL in the message is shown redacted, wherever the error came from.
+    print(f"vcdl: error: {redact_text(message)}", file=sys.stderr)
     raise SystemExit(code)
 
 
@@ -510,6 +513,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from vcdl.views.epochs import format_metrics
 
         cfg = ref.config()
+        api.allow_own_code(cfg)  # the run's recorded config, run by its operator
         ev = evaluate_version(ref, cfg, args.version, split=args.split, dataset=args.data)
         print(
             f"{args.run} v{ev.version} on {args.data or cfg.data.name}:{args.split}: "

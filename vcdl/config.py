@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from vcdl.errors import ConfigError
+from vcdl.redact import secret_keys, url_secrets
 
 HOME_ENV = "VCDL_HOME"
 DEFAULT_HOME = ".vcdl"
@@ -250,17 +251,33 @@ class StoreSection(_Section):
         description="fsspec options (e.g. endpoint_url); credentials come from the AWS chain.",
     )
 
+    @field_validator("url")
+    @classmethod
+    def _no_credentials_in_url(cls, url: str | None) -> str | None:
+        return _no_url_secrets(url, "use the AWS credential chain (env, profile, role)")
+
     @field_validator("storage_options")
     @classmethod
     def _no_secrets(cls, options: dict[str, Any]) -> dict[str, Any]:
-        secret = {"key", "secret", "token", "password", "aws_secret_access_key", "session_token"}
-        found = sorted(k for k in options if k.lower() in secret)
+        found = secret_keys(options)
         if found:
             raise ValueError(
                 f"must not hold credentials ({', '.join(found)}): the config is recorded in the "
                 "ledger and shown in Prefect; use the AWS credential chain (env, profile, role)"
             )
         return options
+
+
+def _no_url_secrets(url: str | None, instead: str) -> str | None:
+    """``url`` if it carries no credentials; else a one-line error naming where (not what)."""
+    if url:
+        found = url_secrets(url)
+        if found:
+            raise ValueError(
+                f"must not contain credentials ({', '.join(found)}): the config is recorded in "
+                f"the ledger and shown in Prefect; {instead}"
+            )
+    return url
 
 
 class LedgerSection(_Section):
@@ -273,15 +290,7 @@ class LedgerSection(_Section):
     @field_validator("url")
     @classmethod
     def _no_password(cls, url: str | None) -> str | None:
-        # The config is stored in the ledger and shown as Prefect parameters.
-        if url and "://" in url and "@" in url.split("://", 1)[1].split("/", 1)[0]:
-            userinfo = url.split("://", 1)[1].split("@", 1)[0]
-            if ":" in userinfo:
-                raise ValueError(
-                    "must not contain a password (the config is recorded in the ledger and "
-                    "shown in Prefect); set PGPASSWORD or use ~/.pgpass"
-                )
-        return url
+        return _no_url_secrets(url, "set PGPASSWORD or use ~/.pgpass")
 
 
 class FaultSection(_Section):
@@ -409,7 +418,7 @@ def _format_error(exc: ValidationError) -> str:
         msg = err["msg"].removeprefix("Value error, ")
         got = err.get("input")
         # Never echo URLs or storage options back: they may hold secrets.
-        sensitive = loc.endswith(("url", "storage_options"))
+        sensitive = any(w in loc for w in ("url", "storage_options", "address"))
         if kind not in ("missing",) and not isinstance(got, dict) and not sensitive:
             msg = f"{msg} (got {got!r})"
         parts.append(f"{loc}: {msg}" if not msg.startswith(loc) else msg)
@@ -449,12 +458,15 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         key, sep, value = item.partition("=")
         path = key.strip().split(".")
         if not sep or len(path) < 2 or not all(path):
-            raise ConfigError(f"bad --set {item!r}: expected section.key=value, e.g. train.lr=0.01")
+            # The key only: the value may be a URL with a password in it.
+            raise ConfigError(
+                f"bad --set {key.strip()[:100]!r}: expected section.key=value, e.g. train.lr=0.01"
+            )
         node = out
         for part in path[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"bad --set {item!r}: {part} is not a section")
+                raise ConfigError(f"bad --set {key.strip()[:100]!r}: {part} is not a section")
             node = child
         node[path[-1]] = _parse_value(value.strip())
     return out

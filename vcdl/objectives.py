@@ -41,7 +41,7 @@ from torch import nn
 
 from vcdl.config import TrainSection
 from vcdl.errors import ConfigError, DataError
-from vcdl.usercode import import_callable
+from vcdl.usercode import check_allowed, import_callable
 
 Batch = dict[str, torch.Tensor]
 
@@ -206,6 +206,8 @@ def objective_for(train: TrainSection) -> Objective:
                 f"train.metrics is for an objective given by import path, not {spec!r}"
             )
         return _BUILTINS[spec]()
+    if train.metrics is not None:  # both allowed before either is imported
+        check_allowed(train.metrics, what="metrics", builtins={}, error=ConfigError)
     loss_fn = import_callable(spec, what="objective", builtins={}, error=ConfigError)
     metrics_fn = (
         import_callable(train.metrics, what="metrics", builtins={}, error=ConfigError)

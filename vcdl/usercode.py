@@ -6,8 +6,17 @@ resolves such a path to the callable (:func:`import_callable`), with one-line
 errors, and finds the files of the user's own modules — those beside the run's
 config file or in the current directory, as opposed to installed packages —
 so that the driver can import them and ship them to every Dask worker
-(:func:`local_modules`, used by ``flows/cluster.py``). Which imports are
-allowed at all is the operator's choice (docs/design.md §7).
+(:func:`local_modules`, used by ``flows/cluster.py``).
+
+Which modules an import path may name is the operator's choice
+(docs/design.md §7, docs/configuration.md#your-code-and-the-allow-list):
+vcdl's built-ins always; otherwise only modules under a prefix of
+``$VCDL_ALLOW_IMPORTS`` (comma-separated, ``*`` for any) or granted in this
+process by a trusted caller (:func:`grant`: the CLI and the Python API grant
+the modules beside the config they were given; a worker, what its driver
+allowed). :func:`check_allowed` runs before anything is imported, and
+:func:`import_callable` calls it, so no path imports a module it does not
+allow.
 """
 
 from __future__ import annotations
@@ -15,13 +24,20 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.machinery
+import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vcdl.errors import VcdlError
+from vcdl.errors import ConfigError, ModelError, VcdlError
+
+ALLOW_ENV = "VCDL_ALLOW_IMPORTS"
+# Module prefixes a trusted caller allowed in this process besides $VCDL_ALLOW_IMPORTS.
+_GRANTED: set[str] = set()
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 # Directories importable_here() put on this process's sys.path: users' code, never
 # "installed" (a driver that runs several configs has several of them).
@@ -34,6 +50,100 @@ def split_path(path: str) -> tuple[str, str] | None:
     if not sep or not module or not attr or ":" in attr:
         return None
     return module, attr
+
+
+def env_allowance() -> tuple[str, ...]:
+    """The module prefixes ``$VCDL_ALLOW_IMPORTS`` allows (``"*"``: any)."""
+    raw = os.environ.get(ALLOW_ENV, "")
+    return tuple(p for p in (x.strip() for x in raw.split(",")) if p)
+
+
+def grant(prefixes: Iterable[str]) -> None:
+    """Allow import paths under ``prefixes`` in this process, besides ``$VCDL_ALLOW_IMPORTS``.
+
+    For trusted callers only: the CLI and the Python API (for the modules
+    beside the config they were given), and a worker (for what its driver
+    allowed). Never from a Prefect form's input.
+    """
+    for p in prefixes:
+        if p == "*" or _MODULE.fullmatch(p):
+            _GRANTED.add(p)
+
+
+def granted() -> tuple[str, ...]:
+    """What :func:`grant` allowed in this process."""
+    return tuple(sorted(_GRANTED))
+
+
+def revoke_grants() -> None:
+    """Forget every :func:`grant` of this process (tests)."""
+    _GRANTED.clear()
+
+
+def _under(module: str, prefixes: Iterable[str]) -> bool:
+    return any(p == "*" or module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def check_allowed(
+    spec: str,
+    *,
+    what: str,
+    builtins: Mapping[str, str],
+    error: type[VcdlError],
+    grants: bool = True,
+) -> None:
+    """Raise ``error`` (one line, naming ``$VCDL_ALLOW_IMPORTS``) unless ``spec`` may be imported.
+
+    Imports nothing. A built-in name, or the import path one stands for, is
+    always allowed; any other path only if its module is under a prefix of
+    ``$VCDL_ALLOW_IMPORTS`` or (``grants``) of this process's :func:`grant`.
+    A spec that is no import path at all is left to :func:`import_callable`.
+    """
+    if not isinstance(spec, str) or spec in builtins or spec in builtins.values():
+        return
+    parts = split_path(spec)
+    if parts is None:
+        return
+    module = parts[0]
+    allowed = env_allowance() + (granted() if grants else ())
+    if _MODULE.fullmatch(module) and _under(module, allowed):
+        return
+    shown = spec if len(spec) <= 120 else spec[:117] + "..."
+    raise error(
+        f"{what} {shown!r}: module '{module[:80]}' is not allowed to be imported; the operator "
+        f"allows modules with {ALLOW_ENV} (comma-separated module prefixes, '*' for any) in "
+        "the driver's environment (`vcdl train CONFIG` also allows the modules beside CONFIG)"
+    )
+
+
+def run_check(model_factory: str, objective: str, metrics: str | None, *, grants: bool) -> None:
+    """:func:`check_allowed` for every import path of a run (model factory, objective, metrics)."""
+    from vcdl.models.factory import BUILTIN_MODELS
+
+    check_allowed(
+        model_factory,
+        what="model factory",
+        builtins=BUILTIN_MODELS,
+        error=ModelError,
+        grants=grants,
+    )
+    check_allowed(objective, what="objective", builtins={}, error=ConfigError, grants=grants)
+    if metrics is not None:
+        check_allowed(metrics, what="metrics", builtins={}, error=ConfigError, grants=grants)
+
+
+def grant_beside_config(specs: Iterable[str], code_dir: str | None) -> list[str]:
+    """Grant the run's own modules found in its config's directory (else the cwd); their names.
+
+    What "the config's author may run their own code" means for ``vcdl
+    train CONFIG`` and the Python API: the top-level modules the import paths
+    ``specs`` name that are files beside the config (and the local modules
+    they import). Installed and standard-library modules are not granted.
+    """
+    where = Path(code_dir).expanduser().resolve() if code_dir else Path.cwd().resolve()
+    names = [m.name for m in local_modules(specs, [where])]
+    grant(names)
+    return names
 
 
 def import_callable(
@@ -57,6 +167,8 @@ def import_callable(
             "path 'package.module:function'"
         )
     module_name, attr = parts
+    # Before anything is imported: the operator decides which modules may run.
+    check_allowed(spec, what=what, builtins=builtins, error=error)
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:

@@ -49,12 +49,14 @@ class Server:
     def api_url(self) -> str:
         return f"{self.url}/api"
 
-    def spawn(self, args: list[str], log: str) -> subprocess.Popen[bytes]:
+    def spawn(
+        self, args: list[str], log: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         out = open(self.tmp / log, "wb")  # noqa: SIM115  (closed with the process)
         p = subprocess.Popen(
             args,
             cwd=REPO,
-            env=self.env,
+            env=self.env | (env or {}),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

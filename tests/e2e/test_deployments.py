@@ -36,11 +36,17 @@ TRAIN_CONFIG = {
 
 
 @pytest.fixture(scope="module")
-def deployed(prefect_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def deployed(prefect_server: Server, home: Path) -> Iterator[Server]:
     s = prefect_server
     s.run([PREFECT, "work-pool", "create", "vcdl", "--type", "process"])
     s.run([PREFECT, "--no-prompt", "deploy", "--all"], timeout=300)
-    s.spawn([PREFECT, "worker", "start", "--pool", "vcdl", "--limit", "2"], "worker.log")
+    # The deployments' own home (their environment's): the forms below repeat
+    # it, and may not point elsewhere (flows/guard.py).
+    s.spawn(
+        [PREFECT, "worker", "start", "--pool", "vcdl", "--limit", "2"],
+        "worker.log",
+        env={"VCDL_HOME": str(home)},
+    )
     yield s
 
 
@@ -222,6 +228,29 @@ def _chromium() -> tuple[str, str] | None:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     driver = shutil.which("chromedriver")
     return (browser, driver) if browser and driver else None
+
+
+def test_a_form_cannot_run_code_or_move_the_state(
+    trained: dict[str, Any], api: Server, home: Path, tmp_path: Path
+) -> None:
+    """Issue 34: a form naming a shell-running function, or another home, fails before any run."""
+    from flows.deployments import run_remote
+    from vcdl import api as vapi
+
+    marker = tmp_path / "marker"
+    elsewhere = tmp_path / "elsewhere"
+    evil = {
+        **TRAIN_CONFIG,
+        "run": {"name": "e2e-evil", "epochs": 1},
+        "model": {"factory": "os:system", "kwargs": {"command": f"touch {marker}"}},
+    }
+    moved = {**TRAIN_CONFIG, "run": {"name": "e2e-moved", "epochs": 1}}
+    for params in ({"config": evil, "home": str(home)}, {"config": moved, "home": str(elsewhere)}):
+        fr, _ = run_remote("vcdl-train/vcdl-train", params, timeout=300)
+        assert fr.state is not None and fr.state.is_failed(), fr.state
+    assert not marker.exists() and not elsewhere.exists()
+    names = {r.name for r in vapi.existing_ledger(home).list_runs()}
+    assert not names & {"e2e-evil", "e2e-moved"}
 
 
 def test_ui_shows_epoch_table(trained: dict[str, Any], api: Server, tmp_path: Path) -> None:

@@ -36,7 +36,10 @@ def test_defaults_are_valid_and_frozen() -> None:
         ({"merge": {"staleness": "reject"}}, "max_staleness is required"),
         ({"data": {"cache_mb": -1}}, "data.cache_mb: Input should be greater than or equal to 0"),
         ({"run": {"name": "bad name!"}}, "run.name"),
-        ({"ledger": {"url": "postgresql+psycopg://u:s3cret@h/db"}}, "must not contain a password"),
+        (
+            {"ledger": {"url": "postgresql+psycopg://u:s3cret@h/db"}},
+            "must not contain credentials (password)",
+        ),
         ({"store": {"storage_options": {"secret": "x"}}}, "must not hold credentials (secret)"),
     ],
 )

@@ -180,7 +180,12 @@ def test_data_set_values_not_passed_when_not_accepted() -> None:
         ("mlp", {"hidden": [4]}, "missing a required argument: 'input_shape'"),
     ],
 )
-def test_model_errors(factory: str, kwargs: dict[str, Any] | None, match: str) -> None:
+def test_model_errors(
+    factory: str, kwargs: dict[str, Any] | None, match: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Import failures themselves: every module is allowed (test_import_allowance.py
+    # checks the allow-list).
+    monkeypatch.setenv("VCDL_ALLOW_IMPORTS", "*")
     with pytest.raises(ModelError, match=match) as info:
         build_model(factory, kwargs)
     assert "\n" not in str(info.value)
@@ -189,6 +194,7 @@ def test_model_errors(factory: str, kwargs: dict[str, Any] | None, match: str) -
 def test_module_failing_at_import(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "vcdl_test_bad_import.py").write_text("raise RuntimeError('bad module')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("VCDL_ALLOW_IMPORTS", "vcdl_test_bad_import")
     with pytest.raises(
         ModelError, match="importing module 'vcdl_test_bad_import' raised RuntimeError: bad module"
     ):

@@ -114,6 +114,7 @@ def test_an_objective_by_import_path(tmp_path: Path, monkeypatch: pytest.MonkeyP
         "    return {'mae': float((model(batch['a'].float()) - batch['b'].float()).abs().mean())}\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("VCDL_ALLOW_IMPORTS", "myloss")
     sys.modules.pop("myloss", None)
     cfg = TrainSection(objective="myloss:loss", metrics="myloss:metrics")
     obj = objective_for(cfg)
@@ -135,6 +136,9 @@ def test_an_objective_by_import_path(tmp_path: Path, monkeypatch: pytest.MonkeyP
         ({"objective": "m:f", "metrics": "not a path"}, "train.metrics: must be an import path"),
     ],
 )
-def test_bad_objectives_are_one_line_config_errors(train: dict[str, object], match: str) -> None:
+def test_bad_objectives_are_one_line_config_errors(
+    train: dict[str, object], match: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VCDL_ALLOW_IMPORTS", "*")  # import failures, not the allow-list
     with pytest.raises(ConfigError, match=match):
         objective_for(parse_config({"train": train}).train)

@@ -85,6 +85,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
 
 from vcdl.errors import LedgerError, LedgerNotFound
 from vcdl.ledger import migrations
+from vcdl.redact import redact_url as redact_any_url
 
 log = logging.getLogger(__name__)
 
@@ -114,12 +115,14 @@ _URL_HELP: Final = "sqlite:///path/ledger.db or postgresql+psycopg://user:passwo
 
 
 def redact_url(url: str | URL) -> str:
-    """``url`` with its password replaced by ``***``: the only form that may be shown."""
+    """``url`` with its password and secret query values replaced by ``***``: the only form
+    that may be shown (:func:`vcdl.redact.redact_url` on what SQLAlchemy parsed)."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
     except ArgumentError:
         # The parse error would echo the whole string, password included.
         return "<unparseable database URL>"
+    return redact_any_url(parsed.render_as_string(hide_password=False))
 
 
 def _pool_options(url: URL, display: str) -> tuple[URL, dict[str, Any]]:
@@ -161,7 +164,7 @@ class LedgerEngine:
         if parsed.drivername == "postgresql":
             # Only psycopg 3 is a dependency; SQLAlchemy's default is psycopg2.
             parsed = parsed.set(drivername="postgresql+psycopg")
-        self.display = parsed.render_as_string(hide_password=True)
+        self.display = redact_url(parsed)
         self.backend = parsed.get_backend_name()
         self._secret = parsed.password if isinstance(parsed.password, str) else None
         parsed, pool = _pool_options(parsed, self.display)
