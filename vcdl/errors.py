@@ -75,6 +75,12 @@ class RunNotFound(LedgerError, LookupError):
     exit_code = 2
 
 
+class VersionNotFound(LedgerError, LookupError):
+    """The run has no version of that number."""
+
+    exit_code = 2
+
+
 class LedgerNotFound(LedgerError, LookupError):
     """No ledger where one was expected: no database file, or one without vcdl's tables."""
 

@@ -188,6 +188,10 @@ class LedgerEngine:
                 pool = {}  # SQLAlchemy picks a single-connection pool for these
             elif not self._create and not Path(db).expanduser().is_file():
                 raise LedgerNotFound(_missing(f"no ledger file {db}"))
+            elif not self._create and Path(db).expanduser().stat().st_size == 0:
+                # Connecting would write SQLite's header (the WAL pragma) into it:
+                # a command that only reads must leave the file as it found it.
+                raise LedgerNotFound(_missing(f"ledger file {db} is empty"))
             else:
                 Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
             engine = create_engine(url, connect_args={"timeout": 30}, **pool)
