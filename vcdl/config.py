@@ -297,7 +297,15 @@ class LedgerSection(_Section):
     @field_validator("url")
     @classmethod
     def _no_password(cls, url: str | None) -> str | None:
-        return _no_url_secrets(url, "set PGPASSWORD or use ~/.pgpass")
+        url = _no_url_secrets(url, "set PGPASSWORD or use ~/.pgpass")
+        backend = url.split("://", 1)[0].split("+", 1)[0] if url and "://" in url else None
+        if url and backend not in ("sqlite", "postgresql"):
+            # Checked here, before anything starts, not when the ledger is opened.
+            raise ValueError(
+                "must be sqlite:///path/ledger.db or postgresql+psycopg://user@host:5432/db "
+                "(vcdl's ledger runs on SQLite and PostgreSQL only)"
+            )
+        return url
 
 
 class FaultSection(_Section):

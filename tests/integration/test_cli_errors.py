@@ -53,6 +53,8 @@ def _no_runs(home: Path) -> bool:
         (GOOD + "[merge]\nalpha = 1.5\n", "merge.alpha"),
         (GOOD.replace("shards = 2", "shards = 0"), "data.shards"),
         (GOOD.replace("shards = 2", "shards = 5000"), "data.shards is 5000 but data set"),
+        (GOOD + "[ledger]\nurl = 'mysql://h/db'\n", "ledger.url: must be sqlite"),
+        (GOOD + "[store]\nurl = 'foo://bucket/x'\n", "cannot open store"),
         (GOOD + "[fault]\nattempt_timeout = inf\n", "fault.attempt_timeout"),
         (GOOD + "[train]\nweight_decay = 1e30\n", "train.weight_decay"),
         (
@@ -70,6 +72,8 @@ def _no_runs(home: Path) -> bool:
         "alpha",
         "zero-shards",
         "more-shards-than-rows",
+        "unsupported-ledger",
+        "unsupported-store",
         "infinite-timeout",
         "huge-weight-decay",
         "huge-samples",
