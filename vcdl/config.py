@@ -442,7 +442,10 @@ def _format_error(exc: ValidationError) -> str:
         # Never echo URLs or storage options back: they may hold secrets.
         sensitive = any(w in loc for w in ("url", "storage_options", "address"))
         if kind not in ("missing",) and not isinstance(got, dict) and not sensitive:
-            msg = f"{msg} (got {got!r})"
+            shown = repr(got)
+            # A long value (a pasted file, a name of thousands of characters) is cut:
+            # the message stays one readable line.
+            msg = f"{msg} (got {shown if len(shown) <= 80 else shown[:77] + '...'})"
         parts.append(f"{loc}: {msg}" if not msg.startswith(loc) else msg)
     return "; ".join(parts)
 

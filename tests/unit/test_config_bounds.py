@@ -81,3 +81,9 @@ def test_any_set_override_is_applied_or_refused_in_one_line(item: str) -> None:
         parse_config(apply_overrides({k: dict(v) for k, v in BASE.items()}, [item]))
     except ConfigError as exc:
         assert "\n" not in str(exc)
+
+
+def test_a_long_value_is_cut_in_the_message() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({**BASE, "run": {"name": "y" * 5000}})
+    assert len(str(info.value)) < 300
