@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 from prefect import flow, get_run_logger
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from flows.cluster import dask_cluster
 from flows.epoch import epoch_flow
@@ -43,11 +43,13 @@ from vcdl.views.status import run_status
 class ChaosSpec(BaseModel):
     """Simulated preemptions during a run (testing and demos, never production)."""
 
-    rate: float = Field(..., ge=0, description="Events per second (Poisson).")
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    rate: float = Field(..., ge=0, le=100, description="Events per second (Poisson).")
     notice_fraction: float = Field(0.25, ge=0, le=1, description="Share of events with notice.")
-    grace: float = Field(2.0, ge=0, description="Seconds between notice and kill.")
+    grace: float = Field(2.0, ge=0, le=3600, description="Seconds between notice and kill.")
     seed: int = Field(0, description="Seed of the schedule and the victims.")
-    start_after: float = Field(5.0, ge=0, description="Seconds before the first event.")
+    start_after: float = Field(5.0, ge=0, le=86400, description="Seconds before the first event.")
     log: str | None = Field(None, description="JSON-lines file recording every event.")
 
 

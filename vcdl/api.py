@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from vcdl.config import RunConfig, apply_overrides, load_config, parse_config, resolve_home
+from vcdl.errors import ConfigError
 from vcdl.runtime import (
     RunRef,
     existing_ledger,
@@ -130,6 +131,12 @@ def preflight(cfg: RunConfig) -> None:
     objective = objective_for(cfg.train)
     ref = RunRef.from_config(cfg)
     info = ensure_dataset(ref.store(), cfg)
+    if cfg.data.shards > info.n_train:
+        # Else a run row and v0 are written, then every attempt of an empty shard fails.
+        raise ConfigError(
+            f"data.shards is {cfg.data.shards} but data set {cfg.data.name!r} has "
+            f"{info.n_train} training rows: set data.shards to at most {info.n_train}"
+        )
     objective.check(info.fields)
     new_model(cfg, info)
 

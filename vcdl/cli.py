@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn, TextIO
 
 from vcdl.config import resolve_home
-from vcdl.errors import VcdlError
+from vcdl.errors import ConfigError, VcdlError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -118,6 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("run")
     e.add_argument("--version", type=int, help="version number (default: head)")
     e.add_argument("--out", required=True, help="output file (.safetensors or .pt)")
+    e.add_argument("--force", action="store_true", help="replace --out if it exists")
 
     ev = sub.add_parser("evaluate", parents=[common], help="evaluate a version on a data set")
     ev.add_argument("run")
@@ -297,9 +299,52 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
         print("per merged attempt, mean s: " + ", ".join(f"{k} {v:.3f}" for k, v in order))
 
 
+def _check_scheduler(address: str, timeout: float = 20.0) -> None:
+    """A Dask scheduler answers at ``address``, or one line saying what is wrong with it."""
+    from urllib.parse import urlsplit
+
+    shown = address[:200]
+    parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in ("tcp", "tls", "ws", "wss", "inproc") or not parts.hostname or not port:
+        raise ConfigError(
+            f"bad scheduler address {shown!r}: expected an address such as tcp://127.0.0.1:8786"
+        )
+    from distributed import Client
+
+    try:
+        with Client(address, timeout=timeout, set_as_default=False):
+            pass
+    except (OSError, TimeoutError) as exc:
+        raise ConfigError(
+            f"no Dask scheduler answered at {shown} within {timeout:.0f} s "
+            f"({type(exc).__name__}); is `dask scheduler` running there?"
+        ) from None
+
+
+def _check_chaos(
+    rate: float, notices: float, grace: float, duration: float | None = None, flag: str = "--"
+) -> None:
+    """Simulator options in range, or one line naming the option (before anything starts)."""
+    checks: list[tuple[str, float, float, float, str]] = [
+        (f"{flag}rate" if flag == "--" else "--preempt", rate, 0, 100, "events per second"),
+        (f"{flag}notices", notices, 0, 1, "a fraction"),
+        (f"{flag}grace", grace, 0, 3600, "seconds"),
+    ]
+    if duration is not None:
+        checks.append(("--duration", duration, 1e-3, 7 * 86400, "seconds"))
+    for name, value, low, high, what in checks:
+        if not (math.isfinite(value) and low <= value <= high):
+            raise ConfigError(f"{name} must be {what} from {low:g} to {high:g} (got {value:g})")
+
+
 def _train(args: argparse.Namespace) -> int:
     from vcdl import api
 
+    _check_chaos(args.preempt, args.preempt_notices, args.preempt_grace, flag="--preempt-")
     home = resolve_home(args.home)
     if args.command == "resume":
         recorded = api.recorded_config(args.run, home=args.home, ledger_url=args.ledger)
@@ -452,6 +497,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "chaos":
         from vcdl.chaos import Preemptor, chaos_schedule
 
+        _check_chaos(args.rate, args.notices, args.grace, args.duration)
+        _check_scheduler(args.scheduler)
         events = chaos_schedule(args.rate, args.duration, args.seed, args.notices)
         pre = Preemptor(args.scheduler, events, grace=args.grace, seed=args.seed, log_path=args.log)
         pre.start()
@@ -504,7 +551,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "export":
         from vcdl.driver.runs import export_version
 
-        number, out = export_version(ref, args.out, args.version)
+        number, out = export_version(ref, args.out, args.version, force=args.force)
         print(f"exported {args.run} v{number} to {out}")
         return 0
     if args.command == "evaluate":

@@ -39,8 +39,9 @@ _IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 
 class _Section(BaseModel):
-    # extra="forbid": a misspelt key must fail loudly, not be ignored.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # extra="forbid": a misspelt key must fail loudly, not be ignored. No float
+    # may be NaN or infinite: every number of a run is a finite amount.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RunSection(_Section):
@@ -70,9 +71,12 @@ class DataSection(_Section):
     )
     shards: int = Field(8, ge=1, le=100_000, description="Shards (subtasks) per epoch.")
     samples: int | None = Field(
-        None, ge=100, description="Samples to generate for a built-in generated set (mnist1d)."
+        None,
+        ge=100,
+        le=10_000_000,
+        description="Samples to generate for a built-in generated set (mnist1d).",
     )
-    eval_batch_size: int = Field(1000, ge=1, description="Batch size for evaluation.")
+    eval_batch_size: int = Field(1000, ge=1, le=1_000_000, description="Batch size for evaluation.")
     cache_mb: int = Field(
         256,
         ge=0,
@@ -110,7 +114,7 @@ class TrainSection(_Section):
     )
     lr: float = Field(3e-3, gt=0, le=10, description="Learning rate of the local optimizer.")
     momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum.")
-    weight_decay: float = Field(0.0, ge=0, description="Weight decay.")
+    weight_decay: float = Field(0.0, ge=0, le=10, description="Weight decay.")
     threads: int = Field(1, ge=1, le=256, description="torch threads per attempt.")
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Where an attempt trains: auto = CUDA when the worker has it."
@@ -178,7 +182,7 @@ class MergeSection(_Section):
         description="plain: ignore staleness; raise: alpha_eff = 1-(1-alpha)/(1+s)^p; "
         "reject: drop results staler than max_staleness.",
     )
-    staleness_power: float = Field(1.0, ge=0, description="p in the 'raise' policy.")
+    staleness_power: float = Field(1.0, ge=0, le=100, description="p in the 'raise' policy.")
     staleness_grace: int = Field(
         0,
         ge=0,
@@ -187,7 +191,10 @@ class MergeSection(_Section):
     )
     max_staleness: int | None = Field(None, ge=0, description="Reject results staler than this.")
     max_update_norm: float | None = Field(
-        None, gt=0, description="Reject results whose L2 distance from their base exceeds this."
+        None,
+        gt=0,
+        le=1e12,
+        description="Reject results whose L2 distance from their base exceeds this.",
     )
     result_precision: Literal["full", "bf16_delta", "int8_delta"] = Field(
         "full",
@@ -290,7 +297,15 @@ class LedgerSection(_Section):
     @field_validator("url")
     @classmethod
     def _no_password(cls, url: str | None) -> str | None:
-        return _no_url_secrets(url, "set PGPASSWORD or use ~/.pgpass")
+        url = _no_url_secrets(url, "set PGPASSWORD or use ~/.pgpass")
+        backend = url.split("://", 1)[0].split("+", 1)[0] if url and "://" in url else None
+        if url and backend not in ("sqlite", "postgresql"):
+            # Checked here, before anything starts, not when the ledger is opened.
+            raise ValueError(
+                "must be sqlite:///path/ledger.db or postgresql+psycopg://user@host:5432/db "
+                "(vcdl's ledger runs on SQLite and PostgreSQL only)"
+            )
+        return url
 
 
 class FaultSection(_Section):
@@ -303,11 +318,15 @@ class FaultSection(_Section):
         "under preemption notice handed back untrained (vcdl/driver/budget.py).",
     )
     attempt_timeout: float = Field(
-        900.0, gt=0, description="Seconds after which a running attempt is presumed dead."
+        900.0,
+        gt=0,
+        le=7 * 86400,
+        description="Seconds after which a running attempt is presumed dead.",
     )
     checkpoint_seconds: float = Field(
         60.0,
         ge=0,
+        le=86400,
         description="Write a running attempt's weights every this many seconds of training, so "
         "the attempt that replaces it after a kill resumes there instead of starting over "
         "(0: never). The least interval: see checkpoint_write_ratio.",
@@ -333,7 +352,10 @@ class FaultSection(_Section):
         "may be left behind (1 = wait for all).",
     )
     straggler_timeout: float = Field(
-        60.0, gt=0, description="Seconds to wait for stragglers once the quorum is merged."
+        60.0,
+        gt=0,
+        le=7 * 86400,
+        description="Seconds to wait for stragglers once the quorum is merged.",
     )
     late: Literal["reissue", "drop"] = Field(
         "reissue",
@@ -420,7 +442,10 @@ def _format_error(exc: ValidationError) -> str:
         # Never echo URLs or storage options back: they may hold secrets.
         sensitive = any(w in loc for w in ("url", "storage_options", "address"))
         if kind not in ("missing",) and not isinstance(got, dict) and not sensitive:
-            msg = f"{msg} (got {got!r})"
+            shown = repr(got)
+            # A long value (a pasted file, a name of thousands of characters) is cut:
+            # the message stays one readable line.
+            msg = f"{msg} (got {shown if len(shown) <= 80 else shown[:77] + '...'})"
         parts.append(f"{loc}: {msg}" if not msg.startswith(loc) else msg)
     return "; ".join(parts)
 

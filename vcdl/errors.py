@@ -38,6 +38,12 @@ class StoreError(VcdlError, OSError):
     """The weight store cannot be read or written."""
 
 
+class StoreConfigError(StoreError, ValueError):
+    """The store's URL or options cannot work: unknown protocol, driver not installed."""
+
+    exit_code = 2
+
+
 class StoreNotFoundError(StoreError, FileNotFoundError):
     """A group (version, result, data set) is not in the store or is incomplete."""
 
@@ -71,6 +77,18 @@ class LedgerError(VcdlError, RuntimeError):
 
 class RunNotFound(LedgerError, LookupError):
     """No run of that name in the ledger."""
+
+    exit_code = 2
+
+
+class VersionNotFound(LedgerError, LookupError):
+    """The run has no version of that number."""
+
+    exit_code = 2
+
+
+class UnsupportedLedger(LedgerError, ValueError):
+    """The ledger URL names a database vcdl does not run on."""
 
     exit_code = 2
 

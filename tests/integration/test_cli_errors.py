@@ -52,6 +52,15 @@ def _no_runs(home: Path) -> bool:
         (GOOD.replace('"cnn2d"', '"nosuch_pkg.models:net"'), "nosuch_pkg"),
         (GOOD + "[merge]\nalpha = 1.5\n", "merge.alpha"),
         (GOOD.replace("shards = 2", "shards = 0"), "data.shards"),
+        (GOOD.replace("shards = 2", "shards = 5000"), "data.shards is 5000 but data set"),
+        (GOOD + "[ledger]\nurl = 'mysql://h/db'\n", "ledger.url: must be sqlite"),
+        (GOOD + "[store]\nurl = 'foo://bucket/x'\n", "cannot open store"),
+        (GOOD + "[fault]\nattempt_timeout = inf\n", "fault.attempt_timeout"),
+        (GOOD + "[train]\nweight_decay = 1e30\n", "train.weight_decay"),
+        (
+            GOOD.replace('name = "digits"', 'name = "mnist1d"\nsamples = 1000000000000'),
+            "data.samples",
+        ),
         ("[run\nepochs=", "not valid TOML"),
         (GOOD + "[cost]\ninstance_type = 'h100'\n", "no price for instance type 'h100'"),
     ],
@@ -62,6 +71,12 @@ def _no_runs(home: Path) -> bool:
         "unknown-model",
         "alpha",
         "zero-shards",
+        "more-shards-than-rows",
+        "unsupported-ledger",
+        "unsupported-store",
+        "infinite-timeout",
+        "huge-weight-decay",
+        "huge-samples",
         "toml",
         "unpriced-instance",
     ],
@@ -101,6 +116,21 @@ def test_reading_a_home_without_a_ledger_creates_none(
     assert code == 2, err
     assert f"no ledger file {home / 'ledger.db'}" in err and "--home" in err, err
     assert not home.exists()
+
+
+@pytest.mark.parametrize("command", ["runs", "status", "cost", "audit"])
+def test_reading_an_empty_ledger_file_leaves_it_empty(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "ledger.db").touch()
+    argv = [command] if command == "runs" else [command, "somerun"]
+    code, err = _run([*argv, "--home", str(home)], capsys)
+    assert code in (0, 2), err
+    assert len([line for line in err.splitlines() if line.strip()]) <= 1, err
+    assert (home / "ledger.db").stat().st_size == 0
+    assert sorted(p.name for p in home.iterdir()) == ["ledger.db"]
 
 
 def test_runs_in_a_fresh_home(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -157,3 +187,77 @@ def test_bad_imports_exit_2_and_write_nothing(
     assert len(lines) == 1 and lines[0].startswith("vcdl: error: "), err
     assert needle in lines[0], lines[0]
     assert not (home / "store" / "datasets" / "x").exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "needle"),
+    [
+        ("--preempt-notices", "2", "--preempt-notices must be a fraction"),
+        ("--preempt", "nan", "--preempt must be events per second"),
+        ("--preempt-grace", "-1", "--preempt-grace must be seconds"),
+    ],
+)
+def test_preemption_options_out_of_range_fail_before_the_run(
+    flag: str, value: str, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "good.toml"
+    cfg.write_text(GOOD)
+    home = tmp_path / "home"
+    code, err = _run(["train", str(cfg), "--home", str(home), flag, value], capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and needle in lines[0], err
+    assert not home.exists()
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("address", "needle"),
+    [
+        ("notanaddress", "bad scheduler address"),
+        ("tcp://127.0.0.1", "bad scheduler address"),
+        ("http://127.0.0.1:8786", "bad scheduler address"),
+        (f"tcp://127.0.0.1:{_closed_port()}", "no Dask scheduler answered"),
+    ],
+    ids=["no-scheme", "no-port", "http", "nobody-there"],
+)
+def test_chaos_against_a_bad_or_silent_address_fails_fast_in_one_line(
+    address: str, needle: str, tmp_path: Path
+) -> None:
+    import time
+
+    log = tmp_path / "events.jsonl"
+    started = time.monotonic()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vcdl.cli",
+            "chaos",
+            address,
+            "--rate",
+            "1",
+            "--duration",
+            "5",
+            "--log",
+            str(log),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert time.monotonic() - started < 35
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr
+    assert not log.exists()
+
+
+def test_chaos_options_out_of_range(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _run(["chaos", "tcp://127.0.0.1:8786", "--rate", "1", "--duration", "inf"], capsys)
+    assert code == 2 and "--duration must be seconds" in err and len(err.splitlines()) == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,46 @@ def test_export_loads_with_plain_torch(
     with torch.no_grad():
         acc = (model(torch.from_numpy(x)).argmax(1) == torch.from_numpy(y)).float().mean().item()
     assert acc == pytest.approx(trained["summary"]["test_accuracy"], abs=1e-6)
+
+
+def test_export_mistakes_are_one_line_exit_2_and_leave_no_file(
+    trained: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from vcdl.cli import main
+
+    def export(*extra: str) -> tuple[int, str]:
+        argv = ["export", "it-run", "--home", str(trained["home"]), *extra]
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) <= 1, err
+        return int(info.value.code or 0), err
+
+    existing = tmp_path / "model.pt"
+    existing.write_bytes(b"keep me")
+    (tmp_path / "dir.pt").mkdir()
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    cases = {
+        "exists": (["--out", str(existing)], "pass --force"),
+        "directory": (["--out", str(tmp_path / "dir.pt")], "is a directory"),
+        "no such version": (
+            ["--out", str(tmp_path / "v.pt"), "--version", "999"],
+            "no version 999",
+        ),
+        "suffix": (["--out", str(tmp_path / "model.bin")], ".safetensors or .pt"),
+    }
+    if os.geteuid() != 0:  # root writes anywhere: the unwritable case needs a user
+        cases["unwritable"] = (["--out", str(locked / "m.pt")], "cannot export")
+    for name, (argv, needle) in cases.items():
+        code, err = export(*argv)
+        assert code == 2 and needle in err, (name, err)
+    assert existing.read_bytes() == b"keep me"
+    assert not (tmp_path / "v.pt").exists() and not list(locked.iterdir())
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".partial")]
+    code, _ = export("--out", str(existing), "--force")
+    assert code == 0 and torch.load(existing, weights_only=True)
 
 
 def test_second_run_resumes_without_retraining(trained: dict[str, Any]) -> None:

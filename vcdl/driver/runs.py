@@ -9,6 +9,7 @@ training and merge settings) and may extend the number of epochs.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -212,20 +213,38 @@ def evaluate_version(
     )
 
 
-def export_version(ref: RunRef, out: str | Path, number: int | None = None) -> tuple[int, Path]:
-    """Write a version as ``.safetensors`` or a plain ``.pt`` state dict."""
+def export_version(
+    ref: RunRef, out: str | Path, number: int | None = None, *, force: bool = False
+) -> tuple[int, Path]:
+    """Write a version as ``.safetensors`` or a plain ``.pt`` state dict.
+
+    Written to a temporary file beside ``out`` and renamed over it, so a
+    failed export leaves no partial file; an existing ``out`` is replaced
+    only with ``force``.
+    """
     out = Path(out)
     if out.suffix not in (".safetensors", ".pt"):
         raise ConfigError(f"cannot export to {out}: use a .safetensors or .pt file name")
+    if out.is_dir():
+        raise ConfigError(f"cannot export to {out}: it is a directory; name a file in it")
+    if out.exists() and not force:
+        raise ConfigError(f"{out} exists: pass --force to replace it, or name another file")
     number, state = load_version(ref, number)
-    out.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.contiguous() for k, v in state.items()}
-    if out.suffix == ".safetensors":
-        from safetensors.torch import save_file
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.suffix == ".safetensors":
+            from safetensors.torch import save_file
 
-        meta: dict[str, Any] = {"run": ref.run, "version": str(number), "format": "pt"}
-        save_file(tensors, str(out), metadata=meta)
-    else:
-        # A plain dict of tensors: loads with torch.load(weights_only=True).
-        torch.save(tensors, out)
+            meta: dict[str, Any] = {"run": ref.run, "version": str(number), "format": "pt"}
+            save_file(tensors, str(tmp), metadata=meta)
+        else:
+            # A plain dict of tensors: loads with torch.load(weights_only=True).
+            torch.save(tensors, tmp)
+        os.replace(tmp, out)
+    except OSError as exc:
+        raise ConfigError(f"cannot export to {out}: {exc.strerror or exc}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
     return number, out

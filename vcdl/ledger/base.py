@@ -17,7 +17,7 @@ from typing import Any, Self, TypeVar
 from sqlalchemy import Connection, Select, and_, bindparam, select
 from sqlmodel import SQLModel
 
-from vcdl.errors import LedgerError, RunNotFound
+from vcdl.errors import LedgerError, RunNotFound, VersionNotFound
 from vcdl.ledger.engine import LedgerEngine
 from vcdl.ledger.models import (
     Attempt,
@@ -167,7 +167,9 @@ class LedgerBase:
         version = one(c, Version, select(_VER).where(_VER.c.run == name, _VER.c.number == number))
         if version is None:
             run = self._get_run(c, name)
-            raise LedgerError(f"run {name!r} has no version {number} (head is v{run.head_version})")
+            raise VersionNotFound(
+                f"run {name!r} has no version {number} (head is v{run.head_version})"
+            )
         return version
 
     def _head(self, c: Connection, name: str) -> Version:

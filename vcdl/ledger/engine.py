@@ -83,7 +83,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
 
-from vcdl.errors import LedgerError, LedgerNotFound
+from vcdl.errors import LedgerError, LedgerNotFound, UnsupportedLedger
 from vcdl.ledger import migrations
 from vcdl.redact import redact_url as redact_any_url
 
@@ -160,7 +160,7 @@ class LedgerEngine:
         try:
             parsed = make_url(url)
         except ArgumentError as exc:
-            raise LedgerError(f"cannot parse the ledger URL; expected {_URL_HELP}") from exc
+            raise UnsupportedLedger(f"cannot parse the ledger URL; expected {_URL_HELP}") from exc
         if parsed.drivername == "postgresql":
             # Only psycopg 3 is a dependency; SQLAlchemy's default is psycopg2.
             parsed = parsed.set(drivername="postgresql+psycopg")
@@ -188,6 +188,10 @@ class LedgerEngine:
                 pool = {}  # SQLAlchemy picks a single-connection pool for these
             elif not self._create and not Path(db).expanduser().is_file():
                 raise LedgerNotFound(_missing(f"no ledger file {db}"))
+            elif not self._create and Path(db).expanduser().stat().st_size == 0:
+                # Connecting would write SQLite's header (the WAL pragma) into it:
+                # a command that only reads must leave the file as it found it.
+                raise LedgerNotFound(_missing(f"ledger file {db} is empty"))
             else:
                 Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
             engine = create_engine(url, connect_args={"timeout": 30}, **pool)
@@ -221,7 +225,7 @@ class LedgerEngine:
             if ping_idle > 0:
                 _ping_when_idle(engine, ping_idle)
             return engine
-        raise LedgerError(f"unsupported ledger URL {self.display}: use {_URL_HELP}")
+        raise UnsupportedLedger(f"unsupported ledger URL {self.display}: use {_URL_HELP}")
 
     # -- transactions -------------------------------------------------------
 

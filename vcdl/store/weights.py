@@ -65,7 +65,13 @@ from zarr.core.sync import _get_loop as _zarr_loop
 from zarr.core.sync import sync
 from zarr.storage import FsspecStore, LocalStore
 
-from vcdl.errors import IntegrityError, StoreError, StoreNotFoundError, VcdlError
+from vcdl.errors import (
+    IntegrityError,
+    StoreConfigError,
+    StoreError,
+    StoreNotFoundError,
+    VcdlError,
+)
 from vcdl.store import files as store_files
 from vcdl.store.layout import (
     ATTR,
@@ -147,7 +153,14 @@ class WeightStore:
                 options.setdefault("max_concurrency", 1)
             try:
                 self._store = FsspecStore.from_url(self._url, storage_options=options)
-            except Exception as exc:  # unknown protocol, missing driver, bad option
+            except (ValueError, TypeError, ImportError) as exc:
+                # An unknown protocol, a driver not installed, a bad option: the
+                # config's mistake (exit 2), not the store's.
+                raise StoreConfigError(
+                    f"cannot open store {self._url!r}: {type(exc).__name__}: {exc}; "
+                    "check store.url and store.storage_options"
+                ) from exc
+            except Exception as exc:
                 raise StoreError(
                     f"cannot open store {self._url!r}: {type(exc).__name__}: {exc}; "
                     "check store.url and store.storage_options"
