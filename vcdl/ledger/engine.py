@@ -191,7 +191,9 @@ class LedgerEngine:
             elif not self._create and Path(db).expanduser().stat().st_size == 0:
                 # Connecting would write SQLite's header (the WAL pragma) into it:
                 # a command that only reads must leave the file as it found it.
-                raise LedgerNotFound(_missing(f"ledger file {db} is empty"))
+                raise LedgerNotFound(
+                    _missing(f"ledger file {db} is empty: it holds no vcdl tables")
+                )
             else:
                 Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
             engine = create_engine(url, connect_args={"timeout": 30}, **pool)
