@@ -18,6 +18,9 @@ evaluated by the driver at the start of epoch e+1, in a thread, while e+1's
 first attempts train and merge (the final epoch's before the flow returns);
 the epoch subflows share one Dask client and are pipelined
 (flows/workarounds/).
+
+Longer than ~500 lines on purpose: one executor carries out every kind of
+instruction of the state machine; the decisions themselves live elsewhere.
 """
 
 from __future__ import annotations

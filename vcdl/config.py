@@ -9,6 +9,9 @@ field descriptions below.
 Locations (``store.url``, ``ledger.url``) may be left empty: they then resolve
 under the vcdl home directory (``--home``, ``$VCDL_HOME`` or ``./.vcdl``),
 see :func:`resolve_home` and :meth:`RunConfig.with_locations`.
+
+Longer than ~500 lines on purpose: one class per config section, with the
+field descriptions the Prefect form shows; they are the schema's one home.
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ Zarr has no atomic rename, so a data set becomes visible by its ``complete``
 attribute, written after the arrays; readers treat a group without it as
 missing. A crash mid-write therefore leaves an invisible group, never a
 half-readable one.
+
+Longer than ~500 lines on purpose: the layout, its writer and its readers
+change together and are read together.
 """
 
 from __future__ import annotations
