@@ -35,7 +35,6 @@ from vcdl.errors import ModelError
 from vcdl.usercode import (
     bundle,
     code_dirs,
-    forget_gone_archives,
     grant,
     local_modules,
     run_specs,
@@ -189,7 +188,6 @@ def dask_cluster(cfg: RunConfig) -> Iterator[str]:
             yield cluster.scheduler_address
         finally:
             watchdog.stop()
-    forget_gone_archives()
 
 
 def worker_left_at(worker: str, after: datetime, client: Client | None = None) -> datetime | None:

@@ -39,6 +39,10 @@ from typing import Any, Literal
 
 log = logging.getLogger(__name__)
 
+# The simulator's options' ranges, for the CLI and the flows' form alike.
+MAX_RATE = 100.0  # events per second
+MAX_GRACE = 3600.0  # seconds from notice to kill
+
 EventKind = Literal["kill", "notice"]
 
 

@@ -329,25 +329,34 @@ def _check_scheduler(address: str, timeout: float = 20.0) -> None:
 
 
 def _check_chaos(
-    rate: float, notices: float, grace: float, duration: float | None = None, flag: str = "--"
+    rate: tuple[str, float],
+    notices: tuple[str, float],
+    grace: tuple[str, float],
+    duration: tuple[str, float] | None = None,
 ) -> None:
-    """Simulator options in range, or one line naming the option (before anything starts)."""
-    checks: list[tuple[str, float, float, float, str]] = [
-        (f"{flag}rate" if flag == "--" else "--preempt", rate, 0, 100, "events per second"),
-        (f"{flag}notices", notices, 0, 1, "a fraction"),
-        (f"{flag}grace", grace, 0, 3600, "seconds"),
+    """Simulator options, each (flag, value), in range, or one line naming the flag."""
+    from vcdl.chaos import MAX_GRACE, MAX_RATE
+
+    checks = [
+        (*rate, 0.0, MAX_RATE, "events per second"),
+        (*notices, 0.0, 1.0, "a fraction"),
+        (*grace, 0.0, MAX_GRACE, "seconds"),
     ]
     if duration is not None:
-        checks.append(("--duration", duration, 1e-3, 7 * 86400, "seconds"))
-    for name, value, low, high, what in checks:
+        checks.append((*duration, 1e-3, 7 * 86400.0, "seconds"))
+    for flag, value, low, high, what in checks:
         if not (math.isfinite(value) and low <= value <= high):
-            raise ConfigError(f"{name} must be {what} from {low:g} to {high:g} (got {value:g})")
+            raise ConfigError(f"{flag} must be {what} from {low:g} to {high:g} (got {value:g})")
 
 
 def _train(args: argparse.Namespace) -> int:
     from vcdl import api
 
-    _check_chaos(args.preempt, args.preempt_notices, args.preempt_grace, flag="--preempt-")
+    _check_chaos(
+        ("--preempt", args.preempt),
+        ("--preempt-notices", args.preempt_notices),
+        ("--preempt-grace", args.preempt_grace),
+    )
     home = resolve_home(args.home)
     if args.command == "resume":
         recorded = api.recorded_config(args.run, home=args.home, ledger_url=args.ledger)
@@ -500,7 +509,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "chaos":
         from vcdl.chaos import Preemptor, chaos_schedule
 
-        _check_chaos(args.rate, args.notices, args.grace, args.duration)
+        _check_chaos(
+            ("--rate", args.rate),
+            ("--notices", args.notices),
+            ("--grace", args.grace),
+            ("--duration", args.duration),
+        )
         _check_scheduler(args.scheduler)
         events = chaos_schedule(args.rate, args.duration, args.seed, args.notices)
         pre = Preemptor(args.scheduler, events, grace=args.grace, seed=args.seed, log_path=args.log)

@@ -299,7 +299,7 @@ class LedgerSection(_Section):
 
     @field_validator("url")
     @classmethod
-    def _no_password(cls, url: str | None) -> str | None:
+    def _supported_without_password(cls, url: str | None) -> str | None:
         url = _no_url_secrets(url, "set PGPASSWORD or use ~/.pgpass")
         backend = url.split("://", 1)[0].split("+", 1)[0] if url and "://" in url else None
         if url and backend not in ("sqlite", "postgresql"):

@@ -305,23 +305,6 @@ def importable_here(dirs: Sequence[Path], specs: Iterable[str] = ()) -> None:
     importlib.invalidate_caches()
 
 
-def forget_gone_archives() -> None:
-    """Drop code archives (see :func:`bundle`) that no longer exist from ``sys.path``.
-
-    The scheduler of a LocalCluster lives in the driver's process, so Dask's
-    ``Client.upload_file`` puts a code archive on this process's ``sys.path``;
-    the archive is deleted with the cluster. A stale entry (and its cached
-    importer) would make later imports here fail with FileNotFoundError.
-    """
-    gone = [p for p in sys.path if "vcdl-code-" in p and not Path(p).exists()]
-    for p in gone:
-        while p in sys.path:
-            sys.path.remove(p)
-        sys.path_importer_cache.pop(p, None)
-    if gone:
-        importlib.invalidate_caches()
-
-
 def bundle(modules: Sequence[LocalModule], into: Path) -> Path:
     """The modules as one zip archive in directory ``into``, named by its content's hash.
 
