@@ -10,6 +10,7 @@ command, read side by side; a package per command is the next CLI change.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -20,21 +21,32 @@ import time
 from collections.abc import Sequence
 from typing import Any, NoReturn, TextIO
 
+from vcdl.cli_json import JSON_OPTION, emit, error_document, json_mode, report, wants_json
 from vcdl.config import resolve_home
 from vcdl.errors import ConfigError, VcdlError
 
 
+class _UsageError(Exception):
+    """Bad command line; :func:`main` says so as text or as JSON."""
+
+    def __init__(self, message: str, usage: str) -> None:
+        super().__init__(message)
+        self.message, self.usage = message, usage
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(2, f"vcdl: error: {message}\n")
+        raise _UsageError(message, self.format_usage())
 
 
-def _fail(message: str, code: int) -> NoReturn:
+def _fail(message: str, code: int, as_json: bool = False, kind: str = "Error") -> NoReturn:
     from vcdl.redact import redact_text
 
     # Any URL in the message is shown redacted, wherever the error came from.
-    print(f"vcdl: error: {redact_text(message)}", file=sys.stderr)
+    if as_json:
+        print(error_document(kind, redact_text(message), code), file=sys.stderr)
+    else:
+        print(f"vcdl: error: {redact_text(message)}", file=sys.stderr)
     raise SystemExit(code)
 
 
@@ -62,7 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     chaos_opts.add_argument("--preempt-seed", type=int, default=0)
     chaos_opts.add_argument("--preempt-log", help="JSON-lines file of every event")
     t = sub.add_parser(
-        "train", parents=[common, chaos_opts], help="train (or resume) a run from a TOML config"
+        "train",
+        parents=[common, chaos_opts, JSON_OPTION],
+        help="train (or resume) a run from a TOML config",
     )
     t.add_argument("config", help="run config (TOML), e.g. examples/mnist1d.toml")
     t.add_argument("--run", help="run name (default: run.name, else the file name)")
@@ -76,17 +90,19 @@ def _parser() -> argparse.ArgumentParser:
         help="override a config value (repeatable), e.g. --set train.lr=0.01",
     )
     t.add_argument("-v", "--verbose", action="store_true", help="show Prefect's own logs")
-    t.add_argument("--json", action="store_true", help="print the final summary as JSON")
 
     r = sub.add_parser(
-        "resume", parents=[common, chaos_opts], help="continue a run from the ledger's state"
+        "resume",
+        parents=[common, chaos_opts, JSON_OPTION],
+        help="continue a run from the ledger's state",
     )
     r.add_argument("run")
     r.add_argument("--workers", type=int)
     r.add_argument("-v", "--verbose", action="store_true")
-    r.add_argument("--json", action="store_true")
 
-    c = sub.add_parser("chaos", help="preempt the workers of a running Dask cluster")
+    c = sub.add_parser(
+        "chaos", parents=[JSON_OPTION], help="preempt the workers of a running Dask cluster"
+    )
     c.add_argument("scheduler", help="scheduler address, e.g. tcp://127.0.0.1:8786")
     c.add_argument("--rate", type=float, required=True, help="events per second (Poisson)")
     c.add_argument("--duration", type=float, required=True, help="seconds to run")
@@ -95,15 +111,15 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--log", help="JSON-lines file of every event")
 
-    sub.add_parser("runs", parents=[common], help="list runs")
+    # A command that reports takes JSON_OPTION and hands its document to report().
+    reporting = [common, JSON_OPTION]
+    sub.add_parser("runs", parents=reporting, help="list runs")
 
-    s = sub.add_parser("status", parents=[common], help="a run's state and history")
+    s = sub.add_parser("status", parents=reporting, help="a run's state and history")
     s.add_argument("run")
-    s.add_argument("--json", action="store_true")
 
-    co = sub.add_parser("cost", parents=[common], help="a run's cost, waste and spot savings")
+    co = sub.add_parser("cost", parents=reporting, help="a run's cost, waste and spot savings")
     co.add_argument("run")
-    co.add_argument("--json", action="store_true")
     co.add_argument(
         "--instance",
         help="instance type of every worker (default: the run's cost.instance_type)",
@@ -113,18 +129,18 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     a = sub.add_parser(
-        "audit", parents=[common], help="check a run's invariants (exit 1 if any fail)"
+        "audit", parents=reporting, help="check a run's invariants (exit 1 if any fail)"
     )
     a.add_argument("run")
     a.add_argument("--deep", action="store_true", help="verify every version's checksums")
 
-    e = sub.add_parser("export", parents=[common], help="write a version as .safetensors or .pt")
+    e = sub.add_parser("export", parents=reporting, help="write a version as .safetensors or .pt")
     e.add_argument("run")
     e.add_argument("--version", type=int, help="version number (default: head)")
     e.add_argument("--out", required=True, help="output file (.safetensors or .pt)")
     e.add_argument("--force", action="store_true", help="replace --out if it exists")
 
-    ev = sub.add_parser("evaluate", parents=[common], help="evaluate a version on a data set")
+    ev = sub.add_parser("evaluate", parents=reporting, help="evaluate a version on a data set")
     ev.add_argument("run")
     ev.add_argument("--version", type=int)
     ev.add_argument("--data", help="data set name (default: the run's)")
@@ -143,7 +159,7 @@ def _parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("data", help="data sets in the store")
     dsub = d.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
-    store_opt = _Parser(add_help=False, parents=[common])
+    store_opt = _Parser(add_help=False, parents=reporting)
     store_opt.add_argument("--store", help="store URL (default: <home>/store)")
     mk = dsub.add_parser("make", parents=[store_opt], help="generate a built-in data set")
     mk.add_argument("kind", choices=["digits", "mnist1d", "pytext"])
@@ -175,6 +191,12 @@ def _parser() -> argparse.ArgumentParser:
     im.add_argument("--context", type=int, default=128, help="text: tokens of context per row")
     im.add_argument("--pattern", default="*.txt", help="text folder: files to read (*.txt)")
     dsub.add_parser("list", parents=[store_opt], help="list data sets")
+
+    comp = sub.add_parser(
+        "completion",
+        help="print a shell completion script, e.g. `vcdl completion bash > ~/.vcdl.bash`",
+    )
+    comp.add_argument("shell", choices=["bash", "zsh", "fish"])
     return p
 
 
@@ -254,7 +276,7 @@ def _quiet_prefect(verbose: bool) -> None:
 
 def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        print(json.dumps(summary, indent=2, default=str))
+        emit(summary)
         return
     from vcdl.views.epochs import format_metrics
 
@@ -435,11 +457,34 @@ def _data(args: argparse.Namespace) -> int:
     elif args.data_command == "import":
         info = _import(store, args)
     else:
-        for d in data.list_datasets(store):
+        sets = data.list_datasets(store)
+        if report(args, {"datasets": [_dataset_doc(store, d) for d in sets]}):
+            return 0
+        for d in sets:
             print(f"{d.name:20} {_describe(d)} ({d.source})")
+        return 0
+    if report(args, {"dataset": _dataset_doc(store, info)}):
         return 0
     print(f"data set {info.name}: {_describe(info)}, in {store.uri('datasets/' + info.name)}")
     return 0
+
+
+def _dataset_doc(store: Any, info: Any) -> dict[str, Any]:
+    """A data set as ``data list --json`` and ``data make/import --json`` print it."""
+    return {
+        "name": info.name,
+        "source": info.source,
+        "fingerprint": info.fingerprint,
+        "format": info.format,
+        "uri": store.uri("datasets/" + info.name),
+        "rows": {name: split.rows for name, split in info.splits.items()},
+        "fields": {
+            f: {"dtype": a.dtype, "shape": list(a.shape)}
+            for f, a in info.splits["train"].arrays.items()
+        },
+        "hints": {k: v for k, v in sorted(info.hints.items()) if v is not None},
+        "stats": dict(sorted(info.stats.items())),
+    }
 
 
 def _import(store: Any, args: argparse.Namespace) -> Any:
@@ -494,6 +539,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _train(args)
     if args.command == "data":
         return _data(args)
+    if args.command == "completion":
+        from vcdl.completion import completion_script
+
+        sys.stdout.write(completion_script(_parser(), args.shell))
+        return 0
     if args.command == "serve":
         home = resolve_home(args.home)
         api.prepare_prefect(home)
@@ -520,7 +570,17 @@ def _dispatch(args: argparse.Namespace) -> int:
         pre = Preemptor(args.scheduler, events, grace=args.grace, seed=args.seed, log_path=args.log)
         pre.start()
         pre.join()  # it waits for the last notice's kill to land
-        print(f"chaos: {pre.counts()} over {args.duration:.0f}s")
+        doc = {
+            "scheduler": args.scheduler,
+            "rate": args.rate,
+            "duration": args.duration,
+            "notices": args.notices,
+            "grace": args.grace,
+            "seed": args.seed,
+            "counts": pre.counts(),
+        }
+        if not report(args, doc):
+            print(f"chaos: {pre.counts()} over {args.duration:.0f}s")
         return 0
     if args.command == "runs":
         from vcdl.errors import LedgerNotFound
@@ -528,7 +588,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         try:
             runs = api.existing_ledger(args.home, args.ledger).list_runs()
         except LedgerNotFound as exc:
-            print(f"no runs yet ({exc})")
+            if not report(args, {"runs": [], "ledger_found": False}):
+                print(f"no runs yet ({exc})")
+            return 0
+        if report(args, {"runs": [_run_doc(r) for r in runs], "ledger_found": True}):
             return 0
         if not runs:
             print("no runs yet: `vcdl train CONFIG` starts one")
@@ -547,8 +610,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         cost = cost.model_copy(update={k: v for k, v in given.items() if v is not None})
         if args.instance is not None:
             cost = cost.model_copy(update={"worker_types": {}})  # "every worker" means every
-        report = run_cost_report(ledger, args.run, cost)
-        print(json.dumps(report, indent=2, default=str) if args.json else format_cost(report))
+        cost_report = run_cost_report(ledger, args.run, cost)
+        if not report(args, cost_report):
+            print(format_cost(cost_report))
         return 0
     if args.command == "status":
         _print_summary(api.status(args.run, args.home, args.ledger), args.json)
@@ -558,6 +622,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         from vcdl.views.audit import audit_run
 
         problems = audit_run(ref, deep=args.deep)
+        doc = {"run": args.run, "deep": args.deep, "ok": not problems, "violations": problems}
+        if report(args, doc):
+            return 1 if problems else 0
         for p in problems:
             print(f"VIOLATION: {p}")
         if problems:
@@ -569,7 +636,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         from vcdl.driver.runs import export_version
 
         number, out = export_version(ref, args.out, args.version, force=args.force)
-        print(f"exported {args.run} v{number} to {out}")
+        doc = {
+            "run": args.run,
+            "version": number,
+            "path": str(out.resolve()),
+            "format": out.suffix.lstrip("."),
+            "bytes": out.stat().st_size,
+        }
+        if not report(args, doc):
+            print(f"exported {args.run} v{number} to {out}")
         return 0
     if args.command == "evaluate":
         from vcdl.driver.runs import evaluate_version
@@ -579,6 +654,19 @@ def _dispatch(args: argparse.Namespace) -> int:
         cfg = ref.config()
         api.allow_own_code(cfg)  # the run's recorded config, run by its operator
         ev = evaluate_version(ref, cfg, args.version, split=args.split, dataset=args.data)
+        doc = {
+            "run": args.run,
+            "version": ev.version,
+            "data": args.data or cfg.data.name,
+            "split": args.split,
+            "samples": ev.samples,
+            "metrics": evaluation_metrics(ev),
+            "accuracy": ev.accuracy,
+            "loss": ev.loss,
+            "evaluated_at": ev.created_at.isoformat(),
+        }
+        if report(args, doc):
+            return 0
         print(
             f"{args.run} v{ev.version} on {args.data or cfg.data.name}:{args.split}: "
             f"{format_metrics(evaluation_metrics(ev), 'accuracy')} ({ev.samples} samples)"
@@ -587,23 +675,61 @@ def _dispatch(args: argparse.Namespace) -> int:
     raise AssertionError(args.command)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def _run_doc(run: Any) -> dict[str, Any]:
+    """A run as ``vcdl runs --json`` lists it."""
+    from vcdl.config import RunConfig
+
     try:
-        code = _dispatch(args)
+        epochs: int | None = RunConfig.model_validate_json(run.config).run.epochs
+    except ValueError:  # a config an older vcdl wrote: the listing still shows the run
+        epochs = None
+    return {
+        "name": run.name,
+        "state": run.state,
+        "epochs": epochs,
+        "epochs_completed": run.epochs_completed,
+        "head_version": run.head_version,
+        "parent_run": run.parent_run,
+        "parent_version": run.parent_version,
+        "created_at": run.created_at.isoformat(),
+        "updated_at": run.updated_at.isoformat(),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = wants_json(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except _UsageError as exc:
+        if not as_json:
+            sys.stderr.write(exc.usage)
+        _fail(exc.message, 2, as_json, "UsageError")
+    # Only a command that has --json answers in JSON; the parser refused it elsewhere.
+    as_json = bool(getattr(args, "json", False))
+    try:
+        with json_mode() if as_json else contextlib.nullcontext():
+            code = _dispatch(args)
         # Inside the try: a reader that already left (`| head`) breaks the
         # pipe here, not in the interpreter's own flush at exit.
         sys.stdout.flush()
     except VcdlError as exc:
-        _fail(str(exc), exc.exit_code)
+        _fail(str(exc), exc.exit_code, as_json, type(exc).__name__)
     except KeyboardInterrupt:
-        _fail("interrupted; `vcdl resume RUN` continues from the ledger", 130)
+        _fail(
+            "interrupted; `vcdl resume RUN` continues from the ledger", 130, as_json, "Interrupted"
+        )
     except BrokenPipeError:
         # The reader took what it wanted: stop quietly, as `cat` does. Python's
         # final flush would raise again on the closed pipe, so stdout goes to
         # /dev/null first. 141 = 128 + SIGPIPE, what a shell reports for `cat`.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise SystemExit(141) from None
+    except Exception as exc:
+        if not as_json:
+            raise  # the traceback, as ever
+        # A bug or an unforeseen failure: still one document, exit 1 as a traceback has.
+        _fail(f"{type(exc).__name__}: {exc}", 1, True, type(exc).__name__)
     raise SystemExit(code)
 
 
