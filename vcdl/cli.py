@@ -58,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--ledger", help="ledger URL for existing runs (default: sqlite under --home)"
     )
+    # A command that reports takes json_opt and hands its document to report().
+    json_opt = _Parser(add_help=False, parents=[JSON_OPTION])
     p = _Parser(prog="vcdl", description="VC-ASGD training on preemptible machines.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -75,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     chaos_opts.add_argument("--preempt-log", help="JSON-lines file of every event")
     t = sub.add_parser(
         "train",
-        parents=[common, chaos_opts, JSON_OPTION],
+        parents=[common, chaos_opts, json_opt],
         help="train (or resume) a run from a TOML config",
     )
     t.add_argument("config", help="run config (TOML), e.g. examples/mnist1d.toml")
@@ -93,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser(
         "resume",
-        parents=[common, chaos_opts, JSON_OPTION],
+        parents=[common, chaos_opts, json_opt],
         help="continue a run from the ledger's state",
     )
     r.add_argument("run")
@@ -101,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("-v", "--verbose", action="store_true")
 
     c = sub.add_parser(
-        "chaos", parents=[JSON_OPTION], help="preempt the workers of a running Dask cluster"
+        "chaos", parents=[json_opt], help="preempt the workers of a running Dask cluster"
     )
     c.add_argument("scheduler", help="scheduler address, e.g. tcp://127.0.0.1:8786")
     c.add_argument("--rate", type=float, required=True, help="events per second (Poisson)")
@@ -111,8 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--log", help="JSON-lines file of every event")
 
-    # A command that reports takes JSON_OPTION and hands its document to report().
-    reporting = [common, JSON_OPTION]
+    reporting = [common, json_opt]
     sub.add_parser("runs", parents=reporting, help="list runs")
 
     s = sub.add_parser("status", parents=reporting, help="a run's state and history")
