@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from vcdl.config import RunConfig, apply_overrides, load_config, parse_config, resolve_home
-from vcdl.errors import ConfigError
 from vcdl.runtime import (
     RunRef,
     existing_ledger,
@@ -114,9 +113,10 @@ def allow_own_code(cfg: RunConfig) -> None:
 
 
 def preflight(cfg: RunConfig) -> None:
-    """Fail on a missing data set, a broken model factory or objective, a data set the
-    objective cannot use, or an unpriced instance type, before the ledger is touched."""
-    from vcdl.driver.runs import ensure_dataset, new_model
+    """Fail on a missing data set, shards or a batch that do not fit its training rows,
+    a broken model factory or objective, a data set the objective cannot use, or an
+    unpriced instance type, before the ledger is touched."""
+    from vcdl.driver.runs import check_sizes, ensure_dataset, new_model
     from vcdl.objectives import objective_for
     from vcdl.usercode import code_dirs, importable_here, run_check, run_specs
     from vcdl.views.prices import run_prices
@@ -131,12 +131,7 @@ def preflight(cfg: RunConfig) -> None:
     objective = objective_for(cfg.train)
     ref = RunRef.from_config(cfg)
     info = ensure_dataset(ref.store(), cfg)
-    if cfg.data.shards > info.n_train:
-        # Else a run row and v0 are written, then every attempt of an empty shard fails.
-        raise ConfigError(
-            f"data.shards is {cfg.data.shards} but data set {cfg.data.name!r} has "
-            f"{info.n_train} training rows: set data.shards to at most {info.n_train}"
-        )
+    check_sizes(cfg, info)
     objective.check(info.fields)
     new_model(cfg, info)
 
