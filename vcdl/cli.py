@@ -438,7 +438,7 @@ def _data(args: argparse.Namespace) -> int:
         for d in data.list_datasets(store):
             print(f"{d.name:20} {_describe(d)} ({d.source})")
         return 0
-    print(f"data set {info.name}: {_describe(info)}, in {store.uri('datasets/' + info.name)}")
+    print(f"data set {info.name}: {_describe(info)}, in {store.shown('datasets/' + info.name)}")
     return 0
 
 
