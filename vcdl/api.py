@@ -90,6 +90,12 @@ def resolve(
         cfg = load_config(config, overrides)
     if run_name:
         cfg = cfg.updated(run={"name": run_name})
+    elif cfg.run.name is None:
+        # A config made in Python without a name: named as the flow names one.
+        from datetime import UTC, datetime
+
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+        cfg = cfg.updated(run={"name": f"{cfg.data.name}-{stamp}"})
     if workers:
         cfg = cfg.updated(cluster={"workers": workers})
     cfg = cfg.with_locations(resolve_home(home))

@@ -304,18 +304,12 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
 
 def _check_scheduler(address: str, timeout: float = 20.0) -> None:
     """A Dask scheduler answers at ``address``, or one line saying what is wrong with it."""
-    from urllib.parse import urlsplit
+    from vcdl.config import scheduler_address_problem
 
     shown = address[:200]
-    parts = urlsplit(address if "://" in address else f"tcp://{address}")
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if parts.scheme not in ("tcp", "tls", "ws", "wss", "inproc") or not parts.hostname or not port:
-        raise ConfigError(
-            f"bad scheduler address {shown!r}: expected an address such as tcp://127.0.0.1:8786"
-        )
+    problem = scheduler_address_problem(address)
+    if problem:
+        raise ConfigError(f"bad scheduler address {shown!r}: {problem}")
     from distributed import Client
 
     try:
