@@ -33,8 +33,10 @@ class _Parser(argparse.ArgumentParser):
 def _fail(message: str, code: int) -> NoReturn:
     from vcdl.redact import redact_text
 
-    # Any URL in the message is shown redacted, wherever the error came from.
-    print(f"vcdl: error: {redact_text(message)}", file=sys.stderr)
+    # Any URL in the message is shown redacted, wherever the error came from, and
+    # on one line: a driver's message (psycopg's, say) may span several.
+    shown = " ".join(line.strip() for line in redact_text(message).splitlines() if line.strip())
+    print(f"vcdl: error: {shown}", file=sys.stderr)
     raise SystemExit(code)
 
 
