@@ -21,7 +21,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from vcdl.config import RunConfig, apply_overrides, load_config, parse_config, resolve_home
+from pydantic import ValidationError
+
+from vcdl.config import (
+    RunConfig,
+    apply_overrides,
+    format_error,
+    load_config,
+    parse_config,
+    resolve_home,
+)
+from vcdl.errors import ConfigError
 from vcdl.runtime import (
     RunRef,
     existing_ledger,
@@ -170,7 +180,11 @@ def run(
     from flows.train import ChaosSpec
     from flows.train import train as train_flow
 
-    spec = ChaosSpec.model_validate(dict(chaos)) if chaos else None
+    try:
+        spec = ChaosSpec.model_validate(dict(chaos)) if chaos else None
+    except ValidationError as exc:
+        # The API's own one-line error, as for the config: not a pydantic traceback.
+        raise ConfigError(f"invalid chaos: {format_error(exc)}") from None
     return train_flow(config=cfg, home=str(home_path), chaos=spec)
 
 

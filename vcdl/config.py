@@ -500,7 +500,7 @@ def resolve_home(home: str | Path | None = None) -> Path:
     return Path(home).expanduser().resolve()
 
 
-def _format_error(exc: ValidationError) -> str:
+def format_error(exc: ValidationError) -> str:
     """One line per problem, naming the key and what is allowed."""
     parts = []
     for err in exc.errors():
@@ -539,7 +539,7 @@ def parse_config(data: Mapping[str, Any]) -> RunConfig:
     try:
         return RunConfig.model_validate(dict(data))
     except ValidationError as exc:
-        raise ConfigError(f"invalid config: {_format_error(exc)}") from None
+        raise ConfigError(f"invalid config: {format_error(exc)}") from None
 
 
 def _parse_value(text: str) -> Any:

@@ -280,6 +280,40 @@ def test_chaos_against_a_bad_or_silent_address_fails_fast_in_one_line(
     assert not log.exists()
 
 
-def test_chaos_options_out_of_range(capsys: pytest.CaptureFixture[str]) -> None:
-    code, err = _run(["chaos", "tcp://127.0.0.1:8786", "--rate", "1", "--duration", "inf"], capsys)
-    assert code == 2 and "--duration must be seconds" in err and len(err.splitlines()) == 1
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--rate", "1", "--duration", "inf"], "--duration must be seconds"),
+        (["--rate", "1e9", "--duration", "5"], "--rate must be events per second from 0 to 100"),
+        (["--rate", "-1", "--duration", "5"], "--rate must be events per second"),
+    ],
+    ids=["infinite-duration", "huge-rate", "negative-rate"],
+)
+def test_chaos_options_out_of_range(
+    args: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "events.jsonl"
+    code, err = _run(["chaos", "tcp://127.0.0.1:8786", *args, "--log", str(log)], capsys)
+    assert code == 2 and needle in err and len(err.splitlines()) == 1, err
+    assert not log.exists()
+
+
+def test_a_huge_preemption_rate_is_refused_by_the_cli_and_the_api(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from vcdl import api
+    from vcdl.config import parse_config
+    from vcdl.errors import ConfigError
+
+    cfg = tmp_path / "good.toml"
+    cfg.write_text(GOOD)
+    home = tmp_path / "home"
+    code, err = _run(["train", str(cfg), "--home", str(home), "--preempt", "1e9"], capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "--preempt must be events per second" in err, err
+    assert not home.exists()
+    # The Python API: the same bound, one ConfigError line (exit 2), nothing prepared.
+    with pytest.raises(ConfigError, match=r"invalid chaos: rate: .*less than or equal to 100") as e:
+        api.run(parse_config({"run": {"name": "x"}}), home=home, chaos={"rate": 1e9})
+    assert "\n" not in str(e.value)
+    assert not (home / "ledger.db").exists()

@@ -126,6 +126,20 @@ def test_a_forms_ledger_url_with_a_password_is_refused_without_echoing_it(
     assert not (tmp_path / "home").exists()
 
 
+def test_a_failure_event_shows_urls_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's failure event carries the error, whose URLs may hold a password."""
+    import prefect.events
+
+    from flows.reporting import emit
+
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(prefect.events, "emit_event", lambda **kw: sent.append(kw))
+    error = f"cannot open ledger postgresql+psycopg://u:{SECRET}@h/db?password={SECRET}&x=1"
+    emit("vcdl.run.failed", "r", {"error": error, "epochs": 3})
+    assert len(sent) == 1 and SECRET not in json.dumps(sent[0], default=str)
+    assert sent[0]["payload"]["error"].startswith("cannot open ledger postgresql+psycopg://u:***@h")
+
+
 # --------------------------------------------------------------------------
 # A whole run with a credential in the environment
 # --------------------------------------------------------------------------
