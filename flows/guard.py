@@ -110,7 +110,7 @@ def check_train_form(config: RunConfig, home: str | None, chaos: Any) -> None:
     if not from_deployment():
         return
     run_check(config.model.factory, config.train.objective, config.train.metrics, grants=False)
-    if chaos is not None and getattr(chaos, "rate", 0) and not form_chaos_allowed():
+    if chaos is not None and bool(getattr(chaos, "rate", None)) and not form_chaos_allowed():
         # It kills the deployment's workers, runs of other users' included.
         raise ConfigError(
             "chaos: a flow run from a deployment may not turn on the preemption simulator "

@@ -9,6 +9,7 @@ training and merge settings) and may extend the number of epochs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -270,8 +271,12 @@ def export_version(
             # A plain dict of tensors: loads with torch.load(weights_only=True).
             torch.save(tensors, tmp)
         os.replace(tmp, out)
-    except OSError as exc:
-        raise ConfigError(f"cannot export to {out}: {exc.strerror or exc}") from None
+    except (OSError, RuntimeError) as exc:
+        # RuntimeError: torch.save's own words for a file it cannot open.
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ConfigError(f"cannot export to {out}: {detail}") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        # Under a file (out = some_file/m.pt) even the clean-up cannot look there.
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
     return number, out
