@@ -13,6 +13,8 @@ from a deployment therefore
   ``store.url``, ``ledger.url``, ``run.code_dir`` and the preemption
   simulator's log file must be empty or name the same place, unless the
   deployment's environment sets ``VCDL_FORM_LOCATIONS=1``;
+- runs the preemption simulator (``chaos``, which kills the cluster's
+  workers) only if the deployment's environment sets ``VCDL_ALLOW_CHAOS=1``;
 - never takes a credential, whatever the deployment allows.
 
 A flow called in Python (``vcdl train``, the API, a subflow such as the
@@ -32,6 +34,7 @@ from vcdl.redact import url_secrets
 from vcdl.usercode import run_check
 
 FORM_LOCATIONS_ENV = "VCDL_FORM_LOCATIONS"
+ALLOW_CHAOS_ENV = "VCDL_ALLOW_CHAOS"
 
 
 def from_deployment() -> bool:
@@ -42,9 +45,18 @@ def from_deployment() -> bool:
     return bool(ctx is not None and ctx.flow_run is not None and ctx.flow_run.deployment_id)
 
 
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
 def form_locations_allowed() -> bool:
     """True if the deployment's environment lets a form choose where state lives."""
-    return os.environ.get(FORM_LOCATIONS_ENV, "").strip().lower() in ("1", "true", "yes")
+    return _env_flag(FORM_LOCATIONS_ENV)
+
+
+def form_chaos_allowed() -> bool:
+    """True if the deployment's environment lets a form turn on the preemption simulator."""
+    return _env_flag(ALLOW_CHAOS_ENV)
 
 
 def _refuse(what: str, home: Path) -> ConfigError:
@@ -98,6 +110,13 @@ def check_train_form(config: RunConfig, home: str | None, chaos: Any) -> None:
     if not from_deployment():
         return
     run_check(config.model.factory, config.train.objective, config.train.metrics, grants=False)
+    if chaos is not None and bool(getattr(chaos, "rate", None)) and not form_chaos_allowed():
+        # It kills the deployment's workers, runs of other users' included.
+        raise ConfigError(
+            "chaos: a flow run from a deployment may not turn on the preemption simulator "
+            f"(it kills the cluster's workers); leave it empty, or set {ALLOW_CHAOS_ENV}=1 "
+            "in the deployment's environment"
+        )
     if form_locations_allowed():
         return
     form_home(home)

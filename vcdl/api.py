@@ -21,7 +21,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from vcdl.config import RunConfig, apply_overrides, load_config, parse_config, resolve_home
+from pydantic import ValidationError
+
+from vcdl.config import (
+    RunConfig,
+    apply_overrides,
+    format_error,
+    load_config,
+    parse_config,
+    resolve_home,
+)
 from vcdl.errors import ConfigError
 from vcdl.runtime import (
     RunRef,
@@ -91,6 +100,12 @@ def resolve(
         cfg = load_config(config, overrides)
     if run_name:
         cfg = cfg.updated(run={"name": run_name})
+    elif cfg.run.name is None:
+        # A config made in Python without a name: named as the flow names one.
+        from datetime import UTC, datetime
+
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+        cfg = cfg.updated(run={"name": f"{cfg.data.name}-{stamp}"})
     if workers:
         cfg = cfg.updated(cluster={"workers": workers})
     cfg = cfg.with_locations(resolve_home(home))
@@ -114,9 +129,10 @@ def allow_own_code(cfg: RunConfig) -> None:
 
 
 def preflight(cfg: RunConfig) -> None:
-    """Fail on a missing data set, a broken model factory or objective, a data set the
-    objective cannot use, or an unpriced instance type, before the ledger is touched."""
-    from vcdl.driver.runs import ensure_dataset, new_model
+    """Fail on a missing data set, shards or a batch that do not fit its training rows,
+    a broken model factory or objective, a data set the objective cannot use, or an
+    unpriced instance type, before the ledger is touched."""
+    from vcdl.driver.runs import check_sizes, ensure_dataset, new_model
     from vcdl.objectives import objective_for
     from vcdl.usercode import code_dirs, importable_here, run_check, run_specs
     from vcdl.views.prices import run_prices
@@ -131,12 +147,7 @@ def preflight(cfg: RunConfig) -> None:
     objective = objective_for(cfg.train)
     ref = RunRef.from_config(cfg)
     info = ensure_dataset(ref.store(), cfg)
-    if cfg.data.shards > info.n_train:
-        # Else a run row and v0 are written, then every attempt of an empty shard fails.
-        raise ConfigError(
-            f"data.shards is {cfg.data.shards} but data set {cfg.data.name!r} has "
-            f"{info.n_train} training rows: set data.shards to at most {info.n_train}"
-        )
+    check_sizes(cfg, info)
     objective.check(info.fields)
     new_model(cfg, info)
 
@@ -169,7 +180,11 @@ def run(
     from flows.train import ChaosSpec
     from flows.train import train as train_flow
 
-    spec = ChaosSpec.model_validate(dict(chaos)) if chaos else None
+    try:
+        spec = ChaosSpec.model_validate(dict(chaos)) if chaos else None
+    except ValidationError as exc:
+        # The API's own one-line error, as for the config: not a pydantic traceback.
+        raise ConfigError(f"invalid chaos: {format_error(exc)}") from None
     return train_flow(config=cfg, home=str(home_path), chaos=spec)
 
 

@@ -42,11 +42,13 @@ class _Parser(argparse.ArgumentParser):
 def _fail(message: str, code: int, as_json: bool = False, kind: str = "Error") -> NoReturn:
     from vcdl.redact import redact_text
 
-    # Any URL in the message is shown redacted, wherever the error came from.
+    # Any URL in the message is shown redacted, wherever the error came from, and
+    # on one line: a driver's message (psycopg's, say) may span several.
+    shown = " ".join(line.strip() for line in redact_text(message).splitlines() if line.strip())
     if as_json:
-        print(error_document(kind, redact_text(message), code), file=sys.stderr)
+        print(error_document(kind, shown, code), file=sys.stderr)
     else:
-        print(f"vcdl: error: {redact_text(message)}", file=sys.stderr)
+        print(f"vcdl: error: {shown}", file=sys.stderr)
     raise SystemExit(code)
 
 
@@ -327,18 +329,12 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
 
 def _check_scheduler(address: str, timeout: float = 20.0) -> None:
     """A Dask scheduler answers at ``address``, or one line saying what is wrong with it."""
-    from urllib.parse import urlsplit
+    from vcdl.config import scheduler_address_problem
 
     shown = address[:200]
-    parts = urlsplit(address if "://" in address else f"tcp://{address}")
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if parts.scheme not in ("tcp", "tls", "ws", "wss", "inproc") or not parts.hostname or not port:
-        raise ConfigError(
-            f"bad scheduler address {shown!r}: expected an address such as tcp://127.0.0.1:8786"
-        )
+    problem = scheduler_address_problem(address)
+    if problem:
+        raise ConfigError(f"bad scheduler address {shown!r}: {problem}")
     from distributed import Client
 
     try:
@@ -466,7 +462,7 @@ def _data(args: argparse.Namespace) -> int:
         return 0
     if report(args, {"dataset": _dataset_doc(store, info)}):
         return 0
-    print(f"data set {info.name}: {_describe(info)}, in {store.uri('datasets/' + info.name)}")
+    print(f"data set {info.name}: {_describe(info)}, in {store.shown('datasets/' + info.name)}")
     return 0
 
 
@@ -477,7 +473,7 @@ def _dataset_doc(store: Any, info: Any) -> dict[str, Any]:
         "source": info.source,
         "fingerprint": info.fingerprint,
         "format": info.format,
-        "uri": store.uri("datasets/" + info.name),
+        "uri": store.shown("datasets/" + info.name),
         "rows": {name: split.rows for name, split in info.splits.items()},
         "fields": {
             f: {"dtype": a.dtype, "shape": list(a.shape)}

@@ -41,6 +41,37 @@ DEFAULT_HOME = ".vcdl"
 _IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 
+def _usable_path(value: str | None) -> str | None:
+    """A path setting that the OS can take: no NUL byte, no ``~user`` of an unknown user."""
+    if value is None:
+        return value
+    if "\x00" in value:
+        raise ValueError("must be a path without a NUL byte")
+    try:
+        Path(value).expanduser()
+    except RuntimeError:
+        raise ValueError("names the home directory of an unknown user (~user)") from None
+    return value
+
+
+def scheduler_address_problem(address: str) -> str | None:
+    """What is wrong with a Dask scheduler address, or None if it looks like one.
+
+    Syntax only (scheme, host, port); whether a scheduler answers there is
+    another matter.
+    """
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(address if "://" in address else f"tcp://{address}")
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in ("tcp", "tls", "ws", "wss") or not parts.hostname or not port:
+        return "expected an address such as tcp://127.0.0.1:8786"
+    return None
+
+
 class _Section(BaseModel):
     # extra="forbid": a misspelt key must fail loudly, not be ignored. No float
     # may be NaN or infinite: every number of a run is a finite amount.
@@ -63,6 +94,11 @@ class RunSection(_Section):
         "when a config is loaded from a file. They are imported by the driver and shipped "
         "to every Dask worker.",
     )
+
+    @field_validator("code_dir")
+    @classmethod
+    def _code_dir(cls, value: str | None) -> str | None:
+        return _usable_path(value)
 
 
 class DataSection(_Section):
@@ -238,7 +274,11 @@ class ClusterSection(_Section):
         description="Attempts a LocalCluster worker trains at once (it gets one Dask thread "
         "more, so the next task is set up while one trains).",
     )
-    memory_limit: str = Field("4GiB", description="Memory limit per LocalCluster worker.")
+    memory_limit: str = Field(
+        "4GiB",
+        description="Memory limit per LocalCluster worker: a size such as 4GiB or 500MB, "
+        "0 for none, or auto (the machine's memory shared out).",
+    )
     start_method: Literal["forkserver", "spawn"] = Field(
         "forkserver",
         description="How LocalCluster nannies start and restart workers: forkserver forks "
@@ -250,6 +290,31 @@ class ClusterSection(_Section):
         description="Dask resources each shard task requests, e.g. {GPU = 1}: it then runs "
         "only on workers started with `dask worker --resources GPU=1`.",
     )
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, address: str | None) -> str | None:
+        if address is not None:
+            problem = scheduler_address_problem(address)
+            if problem:
+                raise ValueError(f"is not a Dask scheduler address: {problem}")
+        return address
+
+    @field_validator("memory_limit")
+    @classmethod
+    def _memory_limit(cls, value: str) -> str:
+        # Checked here: else a typo fails only when the cluster starts, after the banner.
+        if value.strip().lower() == "auto":
+            return value
+        from dask.utils import parse_bytes
+
+        try:
+            size = parse_bytes(value)
+        except (ValueError, TypeError):
+            size = -1
+        if not 0 <= size <= 2**60:
+            raise ValueError("must be a size such as 4GiB or 500MB, 0 for no limit, or auto")
+        return value
 
 
 class StoreSection(_Section):
@@ -378,6 +443,12 @@ class CostSection(_Section):
         description="TOML file of instance prices overriding vcdl's dated list prices "
         '([instance."TYPE"] on_demand = ..., spot = ...).',
     )
+
+    @field_validator("prices")
+    @classmethod
+    def _prices(cls, value: str | None) -> str | None:
+        return _usable_path(value)
+
     worker_types: dict[str, str] = Field(
         default_factory=dict,
         description="Worker address glob -> instance type, for fleets of several types.",
@@ -429,7 +500,7 @@ def resolve_home(home: str | Path | None = None) -> Path:
     return Path(home).expanduser().resolve()
 
 
-def _format_error(exc: ValidationError) -> str:
+def format_error(exc: ValidationError) -> str:
     """One line per problem, naming the key and what is allowed."""
     parts = []
     for err in exc.errors():
@@ -468,7 +539,7 @@ def parse_config(data: Mapping[str, Any]) -> RunConfig:
     try:
         return RunConfig.model_validate(dict(data))
     except ValidationError as exc:
-        raise ConfigError(f"invalid config: {_format_error(exc)}") from None
+        raise ConfigError(f"invalid config: {format_error(exc)}") from None
 
 
 def _parse_value(text: str) -> Any:

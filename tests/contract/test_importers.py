@@ -190,12 +190,19 @@ def test_an_unreadable_table_file_is_one_line(store: WeightStore, tmp_path: Path
 # --- what headers claim ----------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "shape",
+    [(memory_bytes() // 8 + 1, 8), (2**32, 2**32)],
+    ids=["just-over", "product-wraps-in-int64"],
+)
 def test_an_npz_claiming_more_memory_than_the_machine_has_is_refused_unread(
-    store: WeightStore, tmp_path: Path
+    shape: tuple[int, int], store: WeightStore, tmp_path: Path
 ) -> None:
-    """A header promising 2^60 bytes: refused from the header, nothing allocated."""
+    """A header claiming more than the machine has: refused from the header, nothing allocated.
+
+    2^32 x 2^32 float64 is 2^67 bytes; numpy's int64 product of the shape is 0.
+    """
     header = io.BytesIO()
-    shape = (memory_bytes() // 8 + 1, 8)
     np.lib.format.write_array_header_1_0(
         header, {"descr": "<f8", "fortran_order": False, "shape": shape}
     )

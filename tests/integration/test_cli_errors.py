@@ -53,6 +53,12 @@ def _no_runs(home: Path) -> bool:
         (GOOD + "[merge]\nalpha = 1.5\n", "merge.alpha"),
         (GOOD.replace("shards = 2", "shards = 0"), "data.shards"),
         (GOOD.replace("shards = 2", "shards = 5000"), "data.shards is 5000 but data set"),
+        (
+            GOOD + "[train]\nbatch_size = 800\n",
+            "train.batch_size is 800 but the 2 shard(s) of data set 'digits' hold 718 training "
+            "rows each (1437 rows / 2): every step would train on a whole shard, not a batch of "
+            "800; set train.batch_size to at most 718 or data.shards to at most 1",
+        ),
         (GOOD + "[ledger]\nurl = 'mysql://h/db'\n", "ledger.url: must be sqlite"),
         (GOOD + "[store]\nurl = 'foo://bucket/x'\n", "cannot open store"),
         (GOOD + "[fault]\nattempt_timeout = inf\n", "fault.attempt_timeout"),
@@ -72,6 +78,7 @@ def _no_runs(home: Path) -> bool:
         "alpha",
         "zero-shards",
         "more-shards-than-rows",
+        "batch-larger-than-a-shard",
         "unsupported-ledger",
         "unsupported-store",
         "infinite-timeout",
@@ -93,6 +100,21 @@ def test_bad_input_exit_2(
     assert len(lines) == 1, err
     assert lines[0].startswith("vcdl: error: ") and needle in lines[0], lines[0]
     assert _no_runs(home)
+
+
+def test_a_batch_larger_than_a_shard_is_refused_on_the_flow_path_too(tmp_path: Path) -> None:
+    """A form's config reaches prepare_run without the CLI's preflight: same check there."""
+    from vcdl.config import parse_config
+    from vcdl.driver.runs import prepare_run
+    from vcdl.errors import ConfigError
+
+    cfg = parse_config(
+        {"run": {"name": "big-batch"}, "data": {"name": "digits", "shards": 4}}
+    ).updated(train={"batch_size": 400})
+    cfg = cfg.with_locations(tmp_path / "home")
+    with pytest.raises(ConfigError, match=r"train.batch_size is 400 .* at most 359 or data.shards"):
+        prepare_run(cfg)
+    assert _no_runs(tmp_path / "home")
 
 
 def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -258,6 +280,40 @@ def test_chaos_against_a_bad_or_silent_address_fails_fast_in_one_line(
     assert not log.exists()
 
 
-def test_chaos_options_out_of_range(capsys: pytest.CaptureFixture[str]) -> None:
-    code, err = _run(["chaos", "tcp://127.0.0.1:8786", "--rate", "1", "--duration", "inf"], capsys)
-    assert code == 2 and "--duration must be seconds" in err and len(err.splitlines()) == 1
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--rate", "1", "--duration", "inf"], "--duration must be seconds"),
+        (["--rate", "1e9", "--duration", "5"], "--rate must be events per second from 0 to 100"),
+        (["--rate", "-1", "--duration", "5"], "--rate must be events per second"),
+    ],
+    ids=["infinite-duration", "huge-rate", "negative-rate"],
+)
+def test_chaos_options_out_of_range(
+    args: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "events.jsonl"
+    code, err = _run(["chaos", "tcp://127.0.0.1:8786", *args, "--log", str(log)], capsys)
+    assert code == 2 and needle in err and len(err.splitlines()) == 1, err
+    assert not log.exists()
+
+
+def test_a_huge_preemption_rate_is_refused_by_the_cli_and_the_api(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from vcdl import api
+    from vcdl.config import parse_config
+    from vcdl.errors import ConfigError
+
+    cfg = tmp_path / "good.toml"
+    cfg.write_text(GOOD)
+    home = tmp_path / "home"
+    code, err = _run(["train", str(cfg), "--home", str(home), "--preempt", "1e9"], capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "--preempt must be events per second" in err, err
+    assert not home.exists()
+    # The Python API: the same bound, one ConfigError line (exit 2), nothing prepared.
+    with pytest.raises(ConfigError, match=r"invalid chaos: rate: .*less than or equal to 100") as e:
+        api.run(parse_config({"run": {"name": "x"}}), home=home, chaos={"rate": 1e9})
+    assert "\n" not in str(e.value)
+    assert not (home / "ledger.db").exists()

@@ -165,6 +165,8 @@ def test_export_mistakes_are_one_line_exit_2_and_leave_no_file(
         ),
         "suffix": (["--out", str(tmp_path / "model.bin")], ".safetensors or .pt"),
     }
+    # Under a file: no one can write there, root included.
+    cases["under a file"] = (["--out", str(existing / "m.pt")], "cannot export")
     if os.geteuid() != 0:  # root writes anywhere: the unwritable case needs a user
         cases["unwritable"] = (["--out", str(locked / "m.pt")], "cannot export")
     for name, (argv, needle) in cases.items():

@@ -228,3 +228,30 @@ def test_a_called_flow_is_no_form(tmp_path: Path) -> None:
     cfg = parse_config({"store": {"url": str(tmp_path / "s")}, "run": {"code_dir": "x"}})
     check_train_form(cfg, str(tmp_path), None)  # outside a deployment's flow run: no limits
     assert form_home(str(tmp_path)) == str(tmp_path)
+
+
+def test_a_form_turns_on_the_preemption_simulator_only_if_the_deployment_allows(
+    from_form: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The simulator kills the deployment's workers: the operator decides, not the form."""
+    import flows.train
+    from flows.guard import ALLOW_CHAOS_ENV, check_train_form
+    from flows.train import ChaosSpec
+    from flows.train import train as train_flow
+
+    events: list[tuple[Any, ...]] = []  # the failure event, without starting a Prefect server
+    monkeypatch.setattr(flows.train, "emit", lambda *a: events.append(a))
+
+    monkeypatch.delenv(ALLOW_CHAOS_ENV, raising=False)
+    chaos = ChaosSpec(rate=0.5)
+    check_train_form(RunConfig(), None, ChaosSpec(rate=0))  # rate 0: no simulator, fine
+    with pytest.raises(ConfigError, match=ALLOW_CHAOS_ENV) as info:
+        check_train_form(RunConfig(), None, chaos)
+    assert "\n" not in str(info.value) and "preemption simulator" in str(info.value)
+    # The flow itself refuses it before anything is prepared: no home, no ledger.
+    with pytest.raises(ConfigError, match=ALLOW_CHAOS_ENV):
+        train_flow.fn(config=RunConfig(), home=None, chaos=chaos)
+    assert not from_form.exists()
+    assert [e[0] for e in events] == ["vcdl.run.failed"]
+    monkeypatch.setenv(ALLOW_CHAOS_ENV, "1")
+    check_train_form(RunConfig(), None, chaos)

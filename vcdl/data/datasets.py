@@ -69,6 +69,8 @@ class DatasetStore(Protocol):
 
     def uri(self, path: str) -> str: ...
 
+    def shown(self, path: str = "") -> str: ...
+
 
 @dataclass(frozen=True)
 class ArrayInfo:
@@ -387,7 +389,7 @@ def write_dataset(
 
 def _not_found(store: DatasetStore, name: str) -> DataError:
     return DataError(
-        f"data set '{name}' not found in store {store.uri('')}; create it with "
+        f"data set '{name}' not found in store {store.shown()}; create it with "
         f"`vcdl data make digits|mnist1d|pytext` or `vcdl data import FILE --name {name}`"
     )
 

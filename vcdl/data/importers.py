@@ -21,6 +21,7 @@ machine has is refused before anything is allocated.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import zipfile
@@ -131,7 +132,9 @@ def _npz_sizes(path: Path) -> dict[str, int]:
                     else np.lib.format.read_array_header_2_0
                 )
                 shape, _, dtype = header(f)
-            sizes[member[:-4]] = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            # Python's integers: numpy's int64 product wraps (a claim of 2^64 rows x 2^64
+            # would read as 0 bytes and pass).
+            sizes[member[:-4]] = math.prod(shape) * dtype.itemsize
     return sizes
 
 

@@ -9,6 +9,7 @@ training and merge settings) and may extend the number of epochs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,32 @@ def ensure_dataset(store: WeightStore, cfg: RunConfig) -> DatasetInfo:
         raise
 
 
+def check_sizes(cfg: RunConfig, info: DatasetInfo) -> None:
+    """Shards and batch fit the training rows, or one line saying what to change.
+
+    Shards larger than the rows leave some shards empty (every attempt of
+    one fails); a batch larger than a shard makes every step train on the
+    whole shard, so ``train.batch_size`` would silently mean nothing: both
+    are refused, not clamped, before anything is written.
+    """
+    rows, shards, batch = info.n_train, cfg.data.shards, cfg.train.batch_size
+    if shards > rows:
+        raise ConfigError(
+            f"data.shards is {shards} but data set {cfg.data.name!r} has "
+            f"{rows} training rows: set data.shards to at most {rows}"
+        )
+    per_shard = rows // shards  # the smallest shard's rows (shards differ by at most one)
+    if batch > per_shard:
+        fix = f"set train.batch_size to at most {per_shard}"
+        if rows // batch >= 1:
+            fix += f" or data.shards to at most {rows // batch}"
+        raise ConfigError(
+            f"train.batch_size is {batch} but the {shards} shard(s) of data set "
+            f"{cfg.data.name!r} hold {per_shard} training rows each ({rows} rows / {shards}): "
+            f"every step would train on a whole shard, not a batch of {batch}; {fix}"
+        )
+
+
 def new_model(cfg: RunConfig, info: DatasetInfo) -> nn.Module:
     """The run's model, initialized from the run's seed."""
     torch.manual_seed(cfg.run.seed)
@@ -91,6 +118,7 @@ def prepare_run(
     ref = RunRef.from_config(cfg)
     store = ref.store()
     info = ensure_dataset(store, cfg)
+    check_sizes(cfg, info)  # a form's config comes here without the CLI's preflight
     model = new_model(cfg, info)  # fails here, before any ledger write, on a bad factory
     run_prices(cfg.cost)  # and here on an instance type without a price
     ledger = ref.ledger()
@@ -243,8 +271,12 @@ def export_version(
             # A plain dict of tensors: loads with torch.load(weights_only=True).
             torch.save(tensors, tmp)
         os.replace(tmp, out)
-    except OSError as exc:
-        raise ConfigError(f"cannot export to {out}: {exc.strerror or exc}") from None
+    except (OSError, RuntimeError) as exc:
+        # RuntimeError: torch.save's own words for a file it cannot open.
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ConfigError(f"cannot export to {out}: {detail}") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        # Under a file (out = some_file/m.pt) even the clean-up cannot look there.
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
     return number, out

@@ -119,7 +119,7 @@ class StateReader:
     ) -> None:
         self._store = store
         self._rel = store._rel(path)
-        self.uri = store.uri(self._rel)
+        self.uri = store.shown(self._rel)  # for messages: redacted
         self.verify = verify
         self._doc = store._run(store._complete_doc(self._rel, self.uri), "reading", self.uri)
         vcdl = self._doc["attributes"][ATTR]
@@ -182,7 +182,7 @@ class StateWriter:
     ) -> None:
         self._store = store
         self._rel = store._rel(path)
-        self.uri = store.uri(self._rel)
+        self.uri = store.shown(self._rel)  # for messages: redacted
         self._attrs = json_attrs(attrs, self.uri)
         self._specs = list(specs)
         self._next = 0

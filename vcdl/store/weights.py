@@ -72,6 +72,7 @@ from vcdl.errors import (
     StoreNotFoundError,
     VcdlError,
 )
+from vcdl.redact import redact_text, redact_url
 from vcdl.store import files as store_files
 from vcdl.store.layout import (
     ATTR,
@@ -157,12 +158,14 @@ class WeightStore:
                 # An unknown protocol, a driver not installed, a bad option: the
                 # config's mistake (exit 2), not the store's.
                 raise StoreConfigError(
-                    f"cannot open store {self._url!r}: {type(exc).__name__}: {exc}; "
+                    f"cannot open store {redact_url(self._url)!r}: {type(exc).__name__}: "
+                    f"{redact_text(str(exc))}; "
                     "check store.url and store.storage_options"
                 ) from exc
             except Exception as exc:
                 raise StoreError(
-                    f"cannot open store {self._url!r}: {type(exc).__name__}: {exc}; "
+                    f"cannot open store {redact_url(self._url)!r}: {type(exc).__name__}: "
+                    f"{redact_text(str(exc))}; "
                     "check store.url and store.storage_options"
                 ) from exc
         # Reads go through a read-only twin: a typo in a reader can never write.
@@ -174,7 +177,7 @@ class WeightStore:
             weakref.finalize(self, _close_session, self._store.fs)
 
     def __repr__(self) -> str:
-        return f"WeightStore({self._url!r})"
+        return f"WeightStore({redact_url(self._url)!r})"
 
     @property
     def url(self) -> str:
@@ -185,6 +188,10 @@ class WeightStore:
         """Full URI of ``path`` in this store (the root itself for ``""``)."""
         rel = self._rel(path, allow_root=True)
         return f"{self._url}/{rel}" if rel else self._url
+
+    def shown(self, path: str = "") -> str:
+        """:meth:`uri` as messages and logs show it: through :func:`~vcdl.redact.redact_url`."""
+        return redact_url(self.uri(path))
 
     # ---------------------------------------------------------------- writing
 
@@ -199,11 +206,11 @@ class WeightStore:
         (tuples come back as lists).
         """
         rel = self._rel(path)
-        uri = self.uri(rel)
+        uri = self.shown(rel)  # for messages; the real URI is returned
         user_attrs = json_attrs(attrs, uri)
         plan = plan_write(state, uri)
         self._run(self._write(rel, uri, plan, user_attrs), "writing", uri)
-        return uri
+        return self.uri(rel)
 
     async def _write(self, rel: str, uri: str, plan: WritePlan, user_attrs: dict[str, Any]) -> None:
         existing = await self._get_doc(rel)
@@ -285,7 +292,7 @@ class WeightStore:
 
         # Parent groups under ``rel`` are gone too; write them again when needed.
         self._parents_known.clear()
-        self._run(delete(), "deleting", self.uri(rel))
+        self._run(delete(), "deleting", self.shown(rel))
 
     # ---------------------------------------------------------------- reading
 
@@ -303,7 +310,7 @@ class WeightStore:
         verified against the ledger's checksums, not only the group's own.
         """
         rel = self._rel(path)
-        uri = self.uri(rel)
+        uri = self.shown(rel)
         return self._run(self._read(rel, uri, verify, expect=expect), "reading", uri)
 
     def reader(self, path: str, verify: bool = True, expect: str | None = None) -> StateReader:
@@ -365,7 +372,7 @@ class WeightStore:
     def read_attrs(self, path: str) -> dict[str, Any]:
         """The ``attrs`` given to :meth:`write_state` for the complete group at ``path``."""
         rel = self._rel(path)
-        uri = self.uri(rel)
+        uri = self.shown(rel)
         group = self._run(self._complete_doc(rel, uri), "reading", uri)
         return dict(group["attributes"][ATTR].get("attrs") or {})
 
@@ -376,7 +383,7 @@ class WeightStore:
         ``read_state(verify=True)`` checks the data against the same records.
         """
         rel = self._rel(path)
-        uri = self.uri(rel)
+        uri = self.shown(rel)
         group = self._run(self._complete_doc(rel, uri), "reading", uri)
         tensors = group["attributes"][ATTR]["tensors"]
         if not isinstance(tensors, dict):
@@ -386,7 +393,7 @@ class WeightStore:
     def exists(self, path: str) -> bool:
         """True if a complete state group is at ``path``."""
         rel = self._rel(path)
-        uri = self.uri(rel)
+        uri = self.shown(rel)
 
         async def exists() -> bool:
             doc = await self._get_doc(rel)
@@ -405,7 +412,7 @@ class WeightStore:
         the prefix does not exist.
         """
         rel = self._rel(prefix, allow_root=True)
-        names = self._run(self._list(rel), "listing", self.uri(rel))
+        names = self._run(self._list(rel), "listing", self.shown(rel))
         return sorted(names)
 
     async def _list(self, rel: str) -> builtins.list[str]:
@@ -442,7 +449,7 @@ class WeightStore:
         read-only store.
         """
         rel = self._rel(path, allow_root=True)
-        uri = self.uri(rel)
+        uri = self.shown(rel)
         if not rel and mode == "w":
             raise StoreError(f"open_group('', mode='w') would erase the whole store {uri}")
         store = self._reader if mode == "r" else self._store
@@ -473,7 +480,8 @@ class WeightStore:
                 rel = rel[len(root) + 1 :]
         if "://" in rel or rel.startswith(("/", "\\")) or re.match(r"[A-Za-z]:[\\/]", rel):
             raise StoreError(
-                f"store path {path!r} is absolute or outside {self._url}; "
+                f"store path {redact_text(path)!r} is absolute or outside "
+                f"{redact_url(self._url)}; "
                 "give a '/'-separated path relative to the store root"
             )
         rel = rel.rstrip("/")
@@ -531,7 +539,7 @@ class WeightStore:
         ep = self._options.get("endpoint_url") or (self._options.get("client_kwargs") or {}).get(
             "endpoint_url"
         )
-        return str(ep) if ep else "the default endpoint"
+        return redact_url(ep) if ep else "the default endpoint"
 
     async def _check_bucket(self) -> None:
         """Raise a clear StoreError if the store's bucket does not exist (once per store)."""
@@ -542,7 +550,7 @@ class WeightStore:
         if not await self._store.fs._exists(bucket):
             raise StoreError(
                 f"bucket {bucket!r} does not exist at {self._endpoint()}; "
-                f"create it or fix store.url ({self._url})"
+                f"create it or fix store.url ({redact_url(self._url)})"
             )
         self._bucket_checked = True
 
@@ -563,7 +571,8 @@ class WeightStore:
             raise self._backend_error(exc, what, uri) from exc
 
     def _backend_error(self, exc: BaseException, what: str, uri: str) -> StoreError:
-        detail = f"{type(exc).__name__}: {exc}"
+        # A backend's message may name a URL (an endpoint, a presigned key): redacted too.
+        detail = f"{type(exc).__name__}: {redact_text(str(exc))}"
         if isinstance(exc, PermissionError):
             return StoreError(
                 f"permission denied {what} {uri}: {detail}; check the credentials "

@@ -185,7 +185,7 @@ def load_prices(path: str | Path | None = None, *, defaults: bool = True) -> Pri
         doc = tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"prices file {p} not found") from None
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read prices file {p}: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"prices file {p} is not valid TOML: {exc}") from None
