@@ -85,6 +85,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--workers", type=int)
     r.add_argument("-v", "--verbose", action="store_true")
     r.add_argument("--json", action="store_true")
+    for parser in (t, r):
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            metavar="PORT",
+            help="serve the run's Prometheus metrics on PORT (metrics.port; see metrics.address)",
+        )
 
     c = sub.add_parser("chaos", help="preempt the workers of a running Dask cluster")
     c.add_argument("scheduler", help="scheduler address, e.g. tcp://127.0.0.1:8786")
@@ -369,6 +376,8 @@ def _train(args: argparse.Namespace) -> int:
             overrides=args.overrides,
             home=home,
         )
+    if args.metrics_port is not None:
+        cfg = cfg.updated(metrics={"port": args.metrics_port})
     api.prepare_prefect(home)
     import prefect  # noqa: F401  (sets up Prefect's logging, which we then tame)
 
