@@ -365,19 +365,19 @@ def _train(args: argparse.Namespace) -> int:
         ("--preempt-grace", args.preempt_grace),
     )
     home = resolve_home(args.home)
+    # Checked (a port in use, too) with the rest of the config, before anything is written.
+    port = [] if args.metrics_port is None else [f"metrics.port={args.metrics_port}"]
     if args.command == "resume":
         recorded = api.recorded_config(args.run, home=args.home, ledger_url=args.ledger)
-        cfg = api.resolve(recorded, workers=args.workers, home=home)
+        cfg = api.resolve(recorded, workers=args.workers, overrides=port, home=home)
     else:
         cfg = api.resolve(
             args.config,
             run_name=args.run,
             workers=args.workers,
-            overrides=args.overrides,
+            overrides=[*args.overrides, *port],
             home=home,
         )
-    if args.metrics_port is not None:
-        cfg = cfg.updated(metrics={"port": args.metrics_port})
     api.prepare_prefect(home)
     import prefect  # noqa: F401  (sets up Prefect's logging, which we then tame)
 

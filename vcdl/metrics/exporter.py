@@ -20,6 +20,7 @@ lists them.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -352,6 +353,35 @@ def note_kill(run: str, state: str) -> None:
         collector.note_kill(state)
 
 
+def _cannot_listen(section: MetricsSection, exc: OSError) -> ConfigError:
+    return ConfigError(
+        f"metrics endpoint {section.address}:{section.port} cannot listen "
+        f"({exc.strerror or exc}); choose another port (--metrics-port or metrics.port)"
+    )
+
+
+def check_endpoint(section: MetricsSection) -> None:
+    """Raise :class:`~vcdl.errors.ConfigError` if the endpoint could not listen now.
+
+    A preflight (vcdl.api.preflight): binds and closes at once, as the
+    server binds (``SO_REUSEADDR``: a port a finished run left in TIME_WAIT
+    is free). :func:`serve_metrics` binds again and says the same if the
+    port was taken in between.
+    """
+    if section.port is None:
+        return
+    try:
+        infos = socket.getaddrinfo(
+            section.address, section.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        family, kind, proto, _, where = infos[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(where)
+    except OSError as exc:
+        raise _cannot_listen(section, exc) from None
+
+
 @contextmanager
 def serve_metrics(section: MetricsSection, run: str) -> Iterator[RunCollector | None]:
     """Serve ``run``'s metrics on ``section``'s port while the body runs (none without one).
@@ -370,10 +400,7 @@ def serve_metrics(section: MetricsSection, run: str) -> Iterator[RunCollector | 
     try:
         server, thread = start_http_server(section.port, section.address, registry)
     except OSError as exc:
-        raise ConfigError(
-            f"metrics endpoint {section.address}:{section.port} cannot listen "
-            f"({exc.strerror or exc}); choose another port (--metrics-port or metrics.port)"
-        ) from None
+        raise _cannot_listen(section, exc) from None
     _ACTIVE[run] = collector
     log.info("metrics of run %s on http://%s:%d/metrics", run, section.address, section.port)
     try:

@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from prometheus_client.utils import floatToGoString
+
 from vcdl.ledger import Attempt, Evaluation, Run, Subtask, Version, attempt_timings
 from vcdl.ledger.versions import evaluation_metrics
 from vcdl.states import ATTEMPT_MOVES, ENDED_RUN_STATES
@@ -116,7 +118,7 @@ class Histogram:
 
 
 def _le(bound: float) -> str:
-    return str(int(bound)) if bound == int(bound) else repr(bound)
+    return floatToGoString(bound)  # "2.0", "0.005": as prometheus_client writes its own
 
 
 @dataclass(frozen=True)
