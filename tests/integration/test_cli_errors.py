@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -261,3 +262,26 @@ def test_chaos_against_a_bad_or_silent_address_fails_fast_in_one_line(
 def test_chaos_options_out_of_range(capsys: pytest.CaptureFixture[str]) -> None:
     code, err = _run(["chaos", "tcp://127.0.0.1:8786", "--rate", "1", "--duration", "inf"], capsys)
     assert code == 2 and "--duration must be seconds" in err and len(err.splitlines()) == 1
+
+
+def test_a_taken_metrics_port_fails_the_cli_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('[run]\nepochs = 1\n[data]\nname = "digits"\nshards = 2\n')
+    home = tmp_path / "home"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for argv in (
+            ["train", str(config), "--home", str(home), "--metrics-port", str(port)],
+            ["train", str(config), "--home", str(home), "--metrics-port", "70000"],
+        ):
+            with pytest.raises(SystemExit) as info:
+                main(argv)
+            err = capsys.readouterr().err
+            lines = [line for line in err.splitlines() if line.strip()]
+            assert info.value.code == 2 and len(lines) == 1, err
+            assert lines[0].startswith("vcdl: error: ") and "metrics.port" in lines[0], err
+    assert not home.exists()
