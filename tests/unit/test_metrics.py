@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
+import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
 
@@ -13,7 +15,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from vcdl.config import MetricsSection
+from vcdl.config import MetricsSection, parse_config
 from vcdl.driver.epoch_events import TaskReturned
 from vcdl.errors import ConfigError
 from vcdl.ledger import Attempt, Evaluation, Run, Subtask, Version
@@ -298,3 +300,61 @@ def test_every_family_is_described_without_a_ledger() -> None:
     names = {m.name for m in RunCollector("r").describe()}
     assert names >= {m.name for m in families("r", None, {}, {})}
     assert all(n.startswith("vcdl_") for n in names)
+
+
+class _Reads:
+    """Stands in for the ledger read: counts calls, can fail."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.fail = False
+
+    def __call__(self, ref: object, cfg: object, prices: object) -> object:
+        self.calls += 1
+        if self.fail:
+            raise OSError("ledger gone")
+        return ("figures", self.calls)
+
+
+def test_reads_are_shared_kept_on_failure_and_repeated_after_the_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reads = _Reads()
+    monkeypatch.setattr("vcdl.metrics.exporter.read_figures", reads)
+    c = RunCollector("r", min_refresh=60)
+    assert c.figures() is None and reads.calls == 0  # not following a run yet
+    c.follow(object(), parse_config({}))  # type: ignore[arg-type]
+    assert c.figures() == ("figures", 1) and c.figures() == ("figures", 1)
+    assert reads.calls == 1  # scrapes close together share a read
+    c.end()
+    assert not c.final_read.is_set()
+    reads.fail = True
+    assert c.figures() == ("figures", 1)  # a failed read keeps the last figures
+    assert c._read_errors == 1 and c.final_read.is_set()
+
+
+def test_linger_waits_for_one_scrape_after_the_run_and_no_longer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("vcdl.metrics.exporter.read_figures", lambda *a: None)
+    section = MetricsSection(port=_free_port(), linger=20)
+    url = f"http://127.0.0.1:{section.port}/metrics"
+
+    def scrape_later() -> None:
+        time.sleep(0.5)
+        urllib.request.urlopen(url, timeout=10).read()
+
+    with serve_metrics(section, "r") as collector:
+        assert collector is not None
+        collector.follow(object(), parse_config({}))  # type: ignore[arg-type]
+        t = threading.Thread(target=scrape_later)
+        t.start()
+        started = time.monotonic()
+    waited = time.monotonic() - started
+    t.join()
+    assert 0.4 < waited < 10, waited  # until the scrape, not the 20 s
+    # No run followed (it was never created): nothing final to wait for.
+    started = time.monotonic()
+    with serve_metrics(section.model_copy(update={"linger": 5}), "r"):
+        pass
+    assert time.monotonic() - started < 2

@@ -59,7 +59,8 @@ class RunCollector(Collector):
     def __init__(self, run: str, min_refresh: float = MIN_REFRESH_SECONDS) -> None:
         self.run = run
         self.min_refresh = min_refresh
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the fields below; held briefly
+        self._read = threading.Lock()  # one read of the ledger at a time
         self._ref: RunRef | None = None
         self._cfg: RunConfig | None = None
         self._prices: PriceTable | None = None
@@ -94,6 +95,12 @@ class RunCollector(Collector):
         with self._lock:
             self.kills[state] = self.kills.get(state, 0) + 1
 
+    @property
+    def following(self) -> bool:
+        """Whether :meth:`follow` named the run (it exists in the ledger)."""
+        with self._lock:
+            return self._ref is not None
+
     def end(self) -> None:
         """The run has ended: the next scrape reads the ledger again, whatever its age."""
         with self._lock:
@@ -101,25 +108,36 @@ class RunCollector(Collector):
             self._read_at = -float("inf")
 
     def figures(self) -> Figures | None:
-        """The run's figures, read again if the last read is older than ``min_refresh``."""
-        with self._lock:
-            ref, cfg, prices = self._ref, self._cfg, self._prices
-            fresh = time.monotonic() - self._read_at < self.min_refresh
-            if self._ended and fresh:
-                self.final_read.set()
-            if ref is None or cfg is None or fresh:
-                return self._figures
+        """The run's figures, read again if the last read is older than ``min_refresh``.
+
+        One read at a time (``_read``), and never under ``_lock``: the driver's
+        :meth:`note_event` must not wait for a scrape's read of the ledger.
+        """
+        with self._read:
+            with self._lock:
+                ref, cfg, prices, ended = self._ref, self._cfg, self._prices, self._ended
+                fresh = time.monotonic() - self._read_at < self.min_refresh
+                if ref is None or cfg is None or fresh:
+                    if ended and fresh:
+                        self.final_read.set()
+                    return self._figures
             started = time.perf_counter()
             try:
-                self._figures = read_figures(ref, cfg, prices)
+                figures = read_figures(ref, cfg, prices)
             except Exception as exc:  # a scrape must not fail the run, nor the scrape
-                self._read_errors += 1
+                figures = None
                 log.warning("metrics: could not read the ledger (%s: %s)", type(exc).__name__, exc)
-            self._read_seconds = time.perf_counter() - started
-            self._read_at = time.monotonic()
-            if self._ended:
-                self.final_read.set()
-            return self._figures
+            with self._lock:
+                if figures is not None:
+                    self._figures = figures
+                else:
+                    self._read_errors += 1
+                self._read_seconds = time.perf_counter() - started
+                # A read the end overtook is stale at once: the next scrape reads again.
+                self._read_at = time.monotonic() if ended == self._ended else -float("inf")
+                if ended:  # this read began after the run ended: its final figures
+                    self.final_read.set()
+                return self._figures
 
     def collect(self) -> Iterator[Metric]:
         figures = self.figures()
@@ -407,7 +425,7 @@ def serve_metrics(section: MetricsSection, run: str) -> Iterator[RunCollector | 
         yield collector
     finally:
         _ACTIVE.pop(run, None)
-        if section.linger > 0:
+        if section.linger > 0 and collector.following:
             # Prometheus scrapes every so often: without this, a run's last
             # seconds (its last merges, its state) would never be scraped.
             collector.end()
