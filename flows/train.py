@@ -150,7 +150,9 @@ def train(
     try:
         check_train_form(cfg, home, chaos)
         # Bound before the run is prepared: a port in use writes nothing.
-        with serve_metrics(cfg.metrics, str(cfg.run.name)):
+        with serve_metrics(cfg.metrics, str(cfg.run.name)) as served:
+            if served is not None:
+                get_run_logger().info("metrics of the run at %s", served.url)
             return _train(cfg, home, chaos)
     except Exception as exc:
         emit(

@@ -5,7 +5,8 @@ A run started with ``[metrics] port`` (or ``--metrics-port``) serves
 around the ``vcdl-train`` flow). The endpoint has a registry of its own
 (never prometheus_client's global one, which Prefect or user code may fill)
 holding one :class:`RunCollector`. At a scrape the collector reads the run's
-rows from the ledger (at most once per :data:`MIN_REFRESH_SECONDS`) and
+rows from the ledger (at most once per :data:`MIN_REFRESH_SECONDS`, or ten
+times as long as the last read took) and
 renders :func:`vcdl.metrics.figures.ledger_figures`: every ledger-backed
 number is the ledger's own. Two things the ledger does not keep are counted
 from the driver's events as they happen: preemption notices (a partial result
@@ -48,6 +49,10 @@ log = logging.getLogger(__name__)
 MIN_REFRESH_SECONDS = 1.0
 """Scrapes closer together than this share one read of the ledger."""
 
+READ_SHARE = 10.0
+"""Reads are at least this many times their own duration apart: a big run's scrapes
+share reads rather than spend more than a tenth of the driver's time on them."""
+
 NOTICE_RESPONSES = ("interrupted", "handed_back")
 """What a worker under a preemption notice did: stopped with a partial result, or took
 no attempt and handed the task back."""
@@ -59,6 +64,8 @@ class RunCollector(Collector):
     def __init__(self, run: str, min_refresh: float = MIN_REFRESH_SECONDS) -> None:
         self.run = run
         self.min_refresh = min_refresh
+        self.url = ""
+        """Where it is served (set by :func:`serve_metrics`)."""
         self._lock = threading.Lock()  # the fields below; held briefly
         self._read = threading.Lock()  # one read of the ledger at a time
         self._ref: RunRef | None = None
@@ -116,7 +123,10 @@ class RunCollector(Collector):
         with self._read:
             with self._lock:
                 ref, cfg, prices, ended = self._ref, self._cfg, self._prices, self._ended
-                fresh = time.monotonic() - self._read_at < self.min_refresh
+                # A read costs the driver's process time (about 1 s at 10 000
+                # attempts, benchmarks/metrics_read.py): at most a tenth of it.
+                spacing = max(self.min_refresh, READ_SHARE * self._read_seconds)
+                fresh = time.monotonic() - self._read_at < spacing
                 if ref is None or cfg is None or fresh:
                     if ended and fresh:
                         self.final_read.set()
@@ -414,13 +424,15 @@ def serve_metrics(section: MetricsSection, run: str) -> Iterator[RunCollector | 
         return
     registry = CollectorRegistry(auto_describe=False)
     collector = RunCollector(run)
+    host = f"[{section.address}]" if ":" in section.address else section.address
+    collector.url = f"http://{host}:{section.port}/metrics"
     registry.register(collector)
     try:
         server, thread = start_http_server(section.port, section.address, registry)
     except OSError as exc:
         raise _cannot_listen(section, exc) from None
     _ACTIVE[run] = collector
-    log.info("metrics of run %s on http://%s:%d/metrics", run, section.address, section.port)
+    log.info("metrics of run %s at %s", run, collector.url)
     try:
         yield collector
     finally:

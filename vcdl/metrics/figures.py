@@ -155,36 +155,29 @@ class Figures:
         return self.useful_seconds / self.train_seconds if self.train_seconds else None
 
 
-def _phases(attempts: Iterable[Attempt]) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Seconds per phase of the attempts in a final state: the attempt's own, the merge's."""
+def _phases(
+    attempts: Iterable[Attempt],
+) -> tuple[dict[str, list[float]], dict[str, list[float]], list[float]]:
+    """Seconds per phase of the attempts in a final state: the attempt's own, the merge's;
+    and per merged attempt, the merge's phases together. One parse of each breakdown."""
     own: dict[str, list[float]] = {}
     merge: dict[str, list[float]] = {}
+    totals: list[float] = []
     for a in attempts:
         if a.state not in FINAL_OUTCOMES:
             continue
+        merged: list[float] = []
         for name, seconds in attempt_timings(a).items():
             if name == FAILURES_KEY or not (math.isfinite(seconds) and seconds >= 0):
                 continue  # a count, not a phase; or not a duration at all
             if name.startswith(MERGE_PHASE_PREFIX):
                 merge.setdefault(name.removeprefix(MERGE_PHASE_PREFIX), []).append(seconds)
+                merged.append(seconds)
             else:
                 own.setdefault(name, []).append(seconds)
-    return own, merge
-
-
-def _merge_totals(attempts: Iterable[Attempt]) -> list[float]:
-    totals = []
-    for a in attempts:
-        if a.state != "merged":
-            continue
-        phases = [
-            v
-            for k, v in attempt_timings(a).items()
-            if k.startswith(MERGE_PHASE_PREFIX) and math.isfinite(v) and v >= 0
-        ]
-        if phases:
-            totals.append(sum(phases))
-    return totals
+        if merged and a.state == "merged":
+            totals.append(sum(merged))
+    return own, merge, totals
 
 
 def ledger_figures(
@@ -203,7 +196,7 @@ def ledger_figures(
     """The run's :class:`Figures` from its rows; spend only with ``prices``."""
     states = Counter(a.state for a in attempts)
     salvaged = salvaged_attempts(attempts)
-    own, merge = _phases(attempts)
+    own, merge, merge_totals = _phases(attempts)
     tests = [e for e in evaluations if e.split == "test"]
     latest = max(tests, key=lambda e: (e.version, e.id or 0)) if tests else None
     spend = waste = None
@@ -239,7 +232,7 @@ def ledger_figures(
         ),
         attempt_phases={k: Histogram.of(v, SECONDS_BUCKETS) for k, v in sorted(own.items())},
         merge_phases={k: Histogram.of(v, SECONDS_BUCKETS) for k, v in sorted(merge.items())},
-        merge_seconds=Histogram.of(_merge_totals(attempts), SECONDS_BUCKETS),
+        merge_seconds=Histogram.of(merge_totals, SECONDS_BUCKETS),
         train_seconds=sum(training_seconds(a) for a in attempts),
         useful_seconds=sum(useful_training_seconds(a, salvaged) for a in attempts),
         spend_usd=spend,
