@@ -358,3 +358,21 @@ def test_linger_waits_for_one_scrape_after_the_run_and_no_longer(
     with serve_metrics(section.model_copy(update={"linger": 5}), "r"):
         pass
     assert time.monotonic() - started < 2
+
+
+def test_a_slow_read_spaces_the_next_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    reads = _Reads()
+
+    def slow(*args: object) -> object:
+        time.sleep(0.05)
+        return reads(*args)
+
+    monkeypatch.setattr("vcdl.metrics.exporter.read_figures", slow)
+    c = RunCollector("r", min_refresh=0.0)
+    c.follow(object(), parse_config({}))  # type: ignore[arg-type]
+    c.figures()
+    c.figures()  # within ten times the first read's 0.05 s
+    assert reads.calls == 1
+    time.sleep(0.6)
+    c.figures()
+    assert reads.calls == 2

@@ -245,7 +245,8 @@ def families(
         ),
         (
             "vcdl_preemption_notices",
-            "Preemption notices seen by this driver, by what the worker did.",
+            "Answers to preemption notices seen by this driver: a partial result "
+            "(interrupted) or a task handed back untrained (one notice may hand back several).",
             "response",
             dict(notices),
         ),
