@@ -358,6 +358,13 @@ def test_linger_waits_for_one_scrape_after_the_run_and_no_longer(
     with serve_metrics(section.model_copy(update={"linger": 5}), "r"):
         pass
     assert time.monotonic() - started < 2
+    # Interrupted (Ctrl-C): no waiting either.
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt), serve_metrics(section, "r") as collector:
+        assert collector is not None
+        collector.follow(object(), parse_config({}))  # type: ignore[arg-type]
+        raise KeyboardInterrupt
+    assert time.monotonic() - started < 2
 
 
 def test_a_slow_read_spaces_the_next_ones(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -434,11 +434,15 @@ def serve_metrics(section: MetricsSection, run: str) -> Iterator[RunCollector | 
         raise _cannot_listen(section, exc) from None
     _ACTIVE[run] = collector
     log.info("metrics of run %s at %s", run, collector.url)
+    interrupted = False
     try:
         yield collector
+    except BaseException as exc:
+        interrupted = not isinstance(exc, Exception)  # Ctrl-C, exit: do not keep them waiting
+        raise
     finally:
         _ACTIVE.pop(run, None)
-        if section.linger > 0 and collector.following:
+        if section.linger > 0 and collector.following and not interrupted:
             # Prometheus scrapes every so often: without this, a run's last
             # seconds (its last merges, its state) would never be scraped.
             collector.end()
