@@ -10,7 +10,7 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -233,6 +233,7 @@ def test_rejection_classes(reason: str | None, kind: str) -> None:
     assert rejection_class(reason) == kind and kind in REJECTION_CLASSES
 
 
+@settings(deadline=None)  # a loaded CI machine: no per-example time limit
 @given(st.lists(st.floats(0, 1e4)), st.lists(st.floats(0, 1e3), min_size=1, unique=True))
 def test_histogram_buckets_are_cumulative_counts(values: list[float], bounds: list[float]) -> None:
     bounds = sorted(bounds)
@@ -250,6 +251,7 @@ def _paths(state: str, depth: int) -> st.SearchStrategy[list[str]]:
     )
 
 
+@settings(max_examples=60, deadline=None)
 @given(st.lists(_paths("running", 4), min_size=1, max_size=6), st.randoms())
 def test_counters_never_fall_whatever_legal_moves_the_attempts_make(
     walks: list[list[str]], rnd: object
