@@ -81,6 +81,7 @@ from vcdl.driver.epoch_state import EpochState, settle
 from vcdl.driver.head_cache import run_head_cache
 from vcdl.errors import EpochFailed
 from vcdl.merge.rules import merge_rule
+from vcdl.metrics.exporter import note_event, note_kill
 from vcdl.objectives import objective_for
 from vcdl.runtime import RunRef
 from vcdl.states import MERGEABLE_ATTEMPT_STATES, TERMINAL_SUBTASK_STATES
@@ -227,6 +228,7 @@ class EpochExecutor:
 
     def feed(self, event: Event) -> None:
         """Hand ``event`` to the state machine and carry out what it decides, in order."""
+        note_event(self.ref.run, event)  # the metrics the ledger does not keep (notices)
         todo: deque[Instruction] = deque(self.state.handle(event))
         while todo:
             follow = self._do(todo.popleft())
@@ -309,7 +311,8 @@ class EpochExecutor:
             if state == "killed" and a.started_at is not None
             else None
         )
-        self.ledger.abandon_attempt(a.id, state=state, reason=reason, ended_at=ended)
+        if self.ledger.abandon_attempt(a.id, state=state, reason=reason, ended_at=ended):
+            note_kill(self.ref.run, state)
 
     def _merge(self, key: Key, attempt_id: str) -> MergeDone:
         outcome = merge_attempt(self.ref, attempt_id, self.cfg, self.cache)

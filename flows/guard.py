@@ -11,7 +11,8 @@ from a deployment therefore
   deployment's environment (``vcdl serve --home`` sets it), its store and
   ledger are the ones under that home; a form's ``home``, ``ledger_url``,
   ``store.url``, ``ledger.url``, ``run.code_dir`` and the preemption
-  simulator's log file must be empty or name the same place, unless the
+  simulator's log file must be empty or name the same place, and the
+  metrics endpoint listens on the loopback address only, unless the
   deployment's environment sets ``VCDL_FORM_LOCATIONS=1``;
 - runs the preemption simulator (``chaos``, which kills the cluster's
   workers) only if the deployment's environment sets ``VCDL_ALLOW_CHAOS=1``;
@@ -28,7 +29,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from vcdl.config import RunConfig, resolve_home
+from vcdl.config import MetricsSection, RunConfig, resolve_home
 from vcdl.errors import ConfigError
 from vcdl.redact import url_secrets
 from vcdl.usercode import run_check
@@ -131,3 +132,11 @@ def check_train_form(config: RunConfig, home: str | None, chaos: Any) -> None:
         raise _refuse("run.code_dir", own_home)
     if chaos is not None and getattr(chaos, "log", None):
         raise _refuse("chaos.log", own_home)
+    loopback = MetricsSection().address
+    if config.metrics.address != loopback:
+        # Which interfaces the driver's machine listens on is the operator's call.
+        raise ConfigError(
+            f"metrics.address: a flow run from a deployment serves its metrics on {loopback} "
+            f"only; set {FORM_LOCATIONS_ENV}=1 in the deployment's environment to let a form "
+            "choose"
+        )

@@ -36,6 +36,7 @@ from vcdl.console import console_off_thread
 from vcdl.driver.head_cache import forget_run_cache
 from vcdl.driver.lease import run_lease
 from vcdl.driver.runs import clean_orphans, prepare_run
+from vcdl.metrics.exporter import follow_run, serve_metrics
 from vcdl.runtime import RunRef
 from vcdl.views.status import run_status
 
@@ -133,6 +134,9 @@ def train(
 ) -> dict[str, Any]:
     """Train (or resume) the run described by ``config``; returns its status summary.
 
+    With ``metrics.port`` set, the run's Prometheus metrics are served while it
+    runs (vcdl/metrics/exporter.py, docs/metrics.md).
+
     The summary is the flow run's persisted result, so
     ``run_deployment(...).state.result()`` returns it where the result
     storage is readable; ``vcdl status RUN --json`` prints the same. A failure
@@ -145,7 +149,11 @@ def train(
     cfg = _named(config)
     try:
         check_train_form(cfg, home, chaos)
-        return _train(cfg, home, chaos)
+        # Bound before the run is prepared: a port in use writes nothing.
+        with serve_metrics(cfg.metrics, str(cfg.run.name)) as served:
+            if served is not None:
+                get_run_logger().info("metrics of the run at %s", served.url)
+            return _train(cfg, home, chaos)
     except Exception as exc:
         emit(
             "vcdl.run.failed",
@@ -161,6 +169,7 @@ def _train(config: RunConfig, home: str | None, chaos: ChaosSpec | None) -> dict
     torch.set_num_threads(1)
     cfg = config.with_locations(resolve_home(home))
     ref, run, resumed = prepare_run(cfg)
+    follow_run(ref, cfg)  # the metrics endpoint's figures, from the ledger
     ledger = ref.ledger()
     progress_id = start_progress(ref, cfg.run.epochs, cfg.data.shards)
     with run_lease(ref, logger=logger):

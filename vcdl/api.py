@@ -130,15 +130,17 @@ def allow_own_code(cfg: RunConfig) -> None:
 
 def preflight(cfg: RunConfig) -> None:
     """Fail on a missing data set, shards or a batch that do not fit its training rows,
-    a broken model factory or objective, a data set the objective cannot use, or an
-    unpriced instance type, before the ledger is touched."""
+    a broken model factory or objective, a data set the objective cannot use, an
+    unpriced instance type or a metrics port in use, before the ledger is touched."""
     from vcdl.driver.runs import check_sizes, ensure_dataset, new_model
+    from vcdl.metrics.exporter import check_endpoint
     from vcdl.objectives import objective_for
     from vcdl.usercode import code_dirs, importable_here, run_check, run_specs
     from vcdl.views.prices import run_prices
 
     # Before anything is imported: only what the operator (or the config's
     # author, through the CLI or this API) allows.
+    check_endpoint(cfg.metrics)  # a metrics port in use
     run_check(cfg.model.factory, cfg.train.objective, cfg.train.metrics, grants=True)
     run_prices(cfg.cost)
     # The run's own modules (beside its config, or here) import in this process too.

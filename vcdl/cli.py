@@ -103,6 +103,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("run")
     r.add_argument("--workers", type=int)
     r.add_argument("-v", "--verbose", action="store_true")
+    for parser in (t, r):
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            metavar="PORT",
+            help="serve the run's Prometheus metrics on PORT (metrics.port; see metrics.address)",
+        )
 
     c = sub.add_parser(
         "chaos", parents=[json_opt], help="preempt the workers of a running Dask cluster"
@@ -377,15 +384,17 @@ def _train(args: argparse.Namespace) -> int:
         ("--preempt-grace", args.preempt_grace),
     )
     home = resolve_home(args.home)
+    # Checked (a port in use, too) with the rest of the config, before anything is written.
+    port = [] if args.metrics_port is None else [f"metrics.port={args.metrics_port}"]
     if args.command == "resume":
         recorded = api.recorded_config(args.run, home=args.home, ledger_url=args.ledger)
-        cfg = api.resolve(recorded, workers=args.workers, home=home)
+        cfg = api.resolve(recorded, workers=args.workers, overrides=port, home=home)
     else:
         cfg = api.resolve(
             args.config,
             run_name=args.run,
             workers=args.workers,
-            overrides=args.overrides,
+            overrides=[*args.overrides, *port],
             home=home,
         )
     api.prepare_prefect(home)

@@ -1,7 +1,7 @@
 """The run configuration: one frozen, validated model, loaded from TOML.
 
 This module owns the schema of a run (sections run, data, model, train, merge,
-cluster, store, ledger, fault), its defaults, validation and the one-line
+cluster, store, ledger, fault, cost, metrics), its defaults, validation and the one-line
 error messages for bad input. The same :class:`RunConfig` is the Prefect
 ``train`` flow's parameter schema, so the Prefect UI renders a form from the
 field descriptions below.
@@ -455,6 +455,28 @@ class CostSection(_Section):
     )
 
 
+class MetricsSection(_Section):
+    port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Port of the driver's Prometheus endpoint (/metrics); empty = none. "
+        "Not part of what the run is: `vcdl resume --metrics-port` may change it.",
+    )
+    address: str = Field(
+        "127.0.0.1",
+        description="Address the metrics endpoint listens on (0.0.0.0: every interface).",
+        max_length=255,
+    )
+    linger: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="Seconds the endpoint may stay up after the run ends, until one scrape "
+        "has read the final figures (set it above Prometheus' scrape interval).",
+    )
+
+
 class RunConfig(_Section):
     """Everything that defines a training run."""
 
@@ -468,6 +490,7 @@ class RunConfig(_Section):
     ledger: LedgerSection = Field(default_factory=LedgerSection)
     fault: FaultSection = Field(default_factory=FaultSection)
     cost: CostSection = Field(default_factory=CostSection)
+    metrics: MetricsSection = Field(default_factory=MetricsSection)
 
     def with_locations(self, home: str | Path) -> RunConfig:
         """Fill empty store/ledger URLs with the defaults under ``home``."""

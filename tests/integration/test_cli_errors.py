@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -317,3 +318,26 @@ def test_a_huge_preemption_rate_is_refused_by_the_cli_and_the_api(
         api.run(parse_config({"run": {"name": "x"}}), home=home, chaos={"rate": 1e9})
     assert "\n" not in str(e.value)
     assert not (home / "ledger.db").exists()
+
+
+def test_a_taken_metrics_port_fails_the_cli_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('[run]\nepochs = 1\n[data]\nname = "digits"\nshards = 2\n')
+    home = tmp_path / "home"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for argv in (
+            ["train", str(config), "--home", str(home), "--metrics-port", str(port)],
+            ["train", str(config), "--home", str(home), "--metrics-port", "70000"],
+        ):
+            with pytest.raises(SystemExit) as info:
+                main(argv)
+            err = capsys.readouterr().err
+            lines = [line for line in err.splitlines() if line.strip()]
+            assert info.value.code == 2 and len(lines) == 1, err
+            assert lines[0].startswith("vcdl: error: ") and "metrics.port" in lines[0], err
+    assert not home.exists()

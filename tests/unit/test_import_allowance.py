@@ -203,6 +203,7 @@ def test_a_form_keeps_the_deployments_locations(
         ({"ledger": {"url": f"sqlite:///{elsewhere}/l.db"}}, None, None),
         ({"run": {"code_dir": elsewhere}}, None, None),
         ({}, None, type("Chaos", (), {"log": f"{elsewhere}/log"})()),
+        ({"metrics": {"port": 9400, "address": "0.0.0.0"}}, None, None),
     ]
     for data, home, chaos in refused:
         with pytest.raises(ConfigError, match=FORM_LOCATIONS_ENV) as info:

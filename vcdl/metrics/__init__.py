@@ -1,0 +1,2 @@
+"""Prometheus metrics of a run's driver: figures from the ledger (:mod:`.figures`), the
+endpoint that serves them (:mod:`.exporter`). See docs/metrics.md."""
