@@ -85,7 +85,16 @@ class DataSection(_Section):
         ge=0,
         description="A training split up to this size (decoded) is kept in each worker "
         "process's memory after its first shard, so later shards are indexed in memory "
-        "instead of decoding every chunk their rows are scattered over; 0 = never.",
+        "instead of decoding every chunk their rows are scattered over; 0 = never. A larger "
+        "split is streamed from the store block by block (chunk by chunk) with read-ahead, "
+        "never held whole.",
+    )
+    plan: Literal["rows", "blocks"] = Field(
+        "blocks",
+        description="Shard plan. blocks: each epoch orders the split's stored chunks afresh and "
+        "the rows within each, and cuts that sequence into shards, so an attempt reads about "
+        "its own share of the split. rows: a fresh permutation of all rows per epoch (every "
+        "shard's rows lie in every chunk; an attempt beyond cache_mb reads the whole split).",
     )
 
 

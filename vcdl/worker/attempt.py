@@ -139,7 +139,9 @@ def load_shard(ref: RunRef, epoch: int, shard: int, config: RunConfig | None = N
     cfg = config if config is not None else ref.config()
     info = open_dataset(store, cfg.data.name)
     objective = objective_for(cfg.train)
-    rows = shard_indices(info.n_train, cfg.data.shards, cfg.run.seed, epoch, shard)
+    split = info.splits["train"]
+    block = split.rows_per_chunk if cfg.data.plan == "blocks" else None
+    rows = shard_indices(info.n_train, cfg.data.shards, cfg.run.seed, epoch, shard, block=block)
     arrays = read_arrays(
         store,
         cfg.data.name,
