@@ -19,6 +19,7 @@ from vcdl.data.datasets import (
     open_dataset,
     read_arrays,
     read_rows,
+    stream_rows,
     write_arrays,
     write_dataset,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "read_rows",
     "shard_indices",
     "shard_plan",
+    "stream_rows",
     "write_arrays",
     "write_dataset",
 ]
