@@ -391,6 +391,13 @@ class CostSection(_Section):
         default_factory=dict,
         description="Worker address glob -> instance type, for fleets of several types.",
     )
+    data_transfer: Literal["same_region", "cross_region", "internet"] = Field(
+        "internet",
+        description="Where the workers are relative to an S3 store's bucket, for pricing the "
+        "training data they read (vcdl cost): same_region (EC2 in the bucket's region: "
+        "transfer free), cross_region, internet (another cloud or on premises; the default, "
+        "the dearest).",
+    )
 
 
 class RunConfig(_Section):

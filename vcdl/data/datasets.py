@@ -602,8 +602,8 @@ def stream_rows(
 
     The rows are read block by block (one stored chunk each) as the stream
     is iterated, ``ahead`` blocks in front; its counter holds the bytes
-    fetched. Fastest with the chunk-aligned shard plan's order, where each
-    chunk is one block.
+    fetched. Each chunk the rows touch is read once per pass: with the
+    chunk-aligned shard plan a shard touches about its share of the chunks.
     """
     counter = ByteCounter()
     info, arrays = _split_arrays(store, name, split, fields, counter)

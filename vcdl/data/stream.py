@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,15 +29,17 @@ Arrays = dict[str, np.ndarray]
 
 
 class ByteCounter:
-    """Bytes fetched from a store, summed over threads."""
+    """Bytes (and the requests that returned them) to or from a store, summed over threads."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.bytes = 0
+        self.requests = 0
 
-    def add(self, n: int) -> None:
+    def add(self, n: int, requests: int = 1) -> None:
         with self._lock:
             self.bytes += n
+            self.requests += requests
 
 
 class CountingStore(WrapperStore[Store]):
@@ -62,7 +64,7 @@ class CountingStore(WrapperStore[Store]):
         self, prototype: BufferPrototype, key_ranges: Any
     ) -> list[Buffer | None]:
         got = await self._store.get_partial_values(prototype, key_ranges)
-        self.counter.add(sum(len(b) for b in got if b is not None))
+        self.counter.add(sum(len(b) for b in got if b is not None), len(got))
         return got
 
 
@@ -72,16 +74,18 @@ def counted(array: zarr.Array, counter: ByteCounter) -> zarr.Array:
 
 
 def group_by_chunk(indices: np.ndarray, rows_per_chunk: int) -> list[np.ndarray]:
-    """``indices`` cut into runs that lie in one chunk each, in their order.
+    """``indices`` grouped by the chunk they lie in: one block per chunk, chunks ascending.
 
-    The chunk-aligned shard plan gives each chunk's rows as one run; any
-    other order gives more, shorter runs (correct, but a chunk may then be
-    read more than once).
+    Within a block the rows keep their given order. Any plan reads each
+    chunk it touches once per pass; the chunk-aligned plan touches about its
+    share of them, the row plan all of them.
     """
     idx = np.asarray(indices, dtype=np.int64)
     if idx.size == 0:
         return []
     chunk = idx // rows_per_chunk
+    order = np.argsort(chunk, kind="stable")
+    idx, chunk = idx[order], chunk[order]
     cuts = np.flatnonzero(chunk[1:] != chunk[:-1]) + 1
     return np.split(idx, cuts)
 
@@ -91,7 +95,7 @@ class ShardStream:
 
     ``arrays`` are the split's Zarr arrays by field (opened through a
     :class:`CountingStore` on ``counter``, so :attr:`bytes_read` is what was
-    fetched); ``indices`` the shard's rows in plan order.
+    fetched); ``indices`` the shard's rows (any order).
     """
 
     def __init__(
@@ -129,7 +133,7 @@ class ShardStream:
         return self.counter.bytes
 
     def read_block(self, i: int) -> Arrays:
-        """Block ``i``'s rows by field, in plan order: one chunk read per field."""
+        """Block ``i``'s rows by field, in their order: one chunk read per field."""
         rows = self._blocks[i]
         lo = int(rows.min()) // self._rows_per_chunk * self._rows_per_chunk
         hi = int(rows.max()) + 1
@@ -137,8 +141,8 @@ class ShardStream:
         # A slice inside one chunk: exactly that chunk is fetched and decoded.
         return {f: np.asarray(a[lo:hi])[local] for f, a in self._arrays.items()}
 
-    def blocks(self, order: Sequence[int] | None = None) -> Iterator[Arrays]:
-        """The blocks in ``order`` (default: as planned), read ahead by a thread.
+    def blocks(self, order: Sequence[int] | None = None) -> Generator[Arrays, None, None]:
+        """The blocks in ``order`` (default: by chunk), read ahead by a thread.
 
         Closing the iterator early (or an exception in the consumer) stops the
         reader after the block it is reading.

@@ -96,6 +96,7 @@ _FINISH_FIELDS = (
     "reason",
     "timings",
     "data_bytes",
+    "data_requests",
     "written_bytes",
 )
 

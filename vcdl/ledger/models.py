@@ -134,6 +134,7 @@ class Attempt(SQLModel, table=True):
     # tensors it wrote there (result and checkpoints): what an object store
     # bills as transfer (vcdl cost). NULL for attempts recorded before.
     data_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    data_requests: int | None = None  # the GETs that fetched data_bytes
     written_bytes: int | None = Field(default=None, sa_type=BigInteger)
 
 

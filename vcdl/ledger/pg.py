@@ -140,6 +140,7 @@ SET state = %(state)s, finished_at = %(now)s::timestamptz,
     reason = COALESCE(%(reason)s::varchar, reason),
     timings = COALESCE(%(timings)s::varchar, timings),
     data_bytes = COALESCE(%(data_bytes)s::bigint, data_bytes),
+    data_requests = COALESCE(%(data_requests)s::integer, data_requests),
     written_bytes = COALESCE(%(written_bytes)s::bigint, written_bytes)
 WHERE id = %(id)s AND state = ANY(%(sources)s)
 RETURNING {columns}

@@ -310,7 +310,7 @@ def run_attempt(
             )
             # The uri to delete: the checkpoint this one replaces, or this one
             # itself if the attempt is no longer running (then never recorded).
-            written.add(state_bytes(state))
+            written.add(state_bytes(state), 0)
             stale = ledger.record_checkpoint(attempt.id, path, samples, seconds)
             own_checkpoint = own_checkpoint or stale != path
             if stale is not None:
@@ -378,7 +378,7 @@ def run_attempt(
                 "planned_samples": result.planned_samples,
             },
         )
-        written.add(state_bytes(stored))
+        written.add(state_bytes(stored), 0)
         timings["write"] = time.perf_counter() - t
         # A checkpoint still being written (it overlapped the result's write)
         # is recorded before the result, so the drop below deletes it.
@@ -400,6 +400,7 @@ def run_attempt(
             timings=timings,
             # A stream's bytes were fetched during training; a cached split's at load.
             data_bytes=data.counter.bytes,
+            data_requests=data.counter.requests,
             written_bytes=written.bytes,
         )
         timings["record"] = time.perf_counter() - t
@@ -415,16 +416,14 @@ def run_attempt(
         try:
             if writer is not None:
                 _close_writer(writer, timings)
+            own = data.counter if data is not None and data.key == (ref.run, epoch, shard) else None
             ledger.finish_attempt(
                 attempt.id,
                 state="failed",
                 reason=f"{type(exc).__name__}: {exc}",
                 # What it read and wrote before failing was paid for all the same.
-                data_bytes=(
-                    data.counter.bytes
-                    if data is not None and data.key == (ref.run, epoch, shard)
-                    else None
-                ),
+                data_bytes=own.bytes if own is not None else None,
+                data_requests=own.requests if own is not None else None,
                 written_bytes=written.bytes,
             )
             if own_checkpoint:  # a failed attempt is not resumed

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -241,7 +241,7 @@ def train_attempt(
 
 def _batches(
     data: Mapping[str, torch.Tensor], order: torch.Tensor, seen: int, batch_size: int
-) -> Iterator[dict[str, torch.Tensor]]:
+) -> Generator[dict[str, torch.Tensor], None, None]:
     """One local epoch's batches of an in-memory shard, in ``order``, after ``seen`` samples."""
     for i in range(seen, len(order), batch_size):
         idx = order[i : i + batch_size]
@@ -257,7 +257,7 @@ def _streamed_batches(
     seen: int,
     batch_size: int,
     device: torch.device,
-) -> Iterator[dict[str, torch.Tensor]]:
+) -> Generator[dict[str, torch.Tensor], None, None]:
     """One local epoch's batches of a streamed shard, after ``seen`` samples.
 
     Blocks come in ``block_order``, each block's rows in an order seeded by
