@@ -170,9 +170,11 @@ def bytes_per_epoch(
 def worker_main(argv: list[str]) -> None:
     """A worker process: run the given attempts of a prepared run, print peak memory as JSON.
 
-    ``--limit-mb`` (optional) caps the address space at what the process
-    has mapped after its first attempt plus that many MiB (RLIMIT_AS): an
-    attempt that tried to hold more fails with MemoryError.
+    ``--warmup RUN,DATA`` first runs shard 0 of another prepared run (a small
+    set, the same settings), so every thread and library the worker uses
+    exists. ``--limit-mb`` then caps the address space at what the process
+    has mapped plus that many MiB (RLIMIT_AS): an attempt that tried to hold
+    more fails with MemoryError, and the worker exits non-zero.
     """
     p = argparse.ArgumentParser(prog="scale_data --worker")
     p.add_argument("home", type=Path)
@@ -182,23 +184,26 @@ def worker_main(argv: list[str]) -> None:
     p.add_argument("--plan", default="blocks")
     p.add_argument("--cache-mb", type=int, required=True)
     p.add_argument("--attempts", default="0")
+    p.add_argument("--warmup", default="")
     p.add_argument("--limit-mb", type=int, default=0)
     args = p.parse_args(argv)
     from vcdl.runtime import RunRef
     from vcdl.worker.attempt import run_attempt
 
-    cfg = run_config(args.home, args.run, args.data, args.shards, args.plan, args.cache_mb)
-    ref = RunRef.from_config(cfg)
-    outs = []
+    def attempt(run: str, data: str, shard: int) -> dict[str, Any]:
+        cfg = run_config(args.home, run, data, args.shards, args.plan, args.cache_mb)
+        # Pinned to v0: nothing merges here, so no attempt waits for a merge.
+        out = run_attempt(RunRef.from_config(cfg), 0, shard, base_version=0, config=cfg)
+        return {"shard": shard, "state": out.state, "loss": out.loss, "data": out.data_bytes}
+
+    if args.warmup:
+        warm_run, warm_data = args.warmup.split(",")
+        attempt(warm_run, warm_data, 0)
     limit = None
-    for i, shard in enumerate(int(s) for s in args.attempts.split(",")):
-        if i == 1 and args.limit_mb:
-            # After one attempt every thread and library this worker uses exists.
-            mapped = _vm_size()
-            limit = mapped + (args.limit_mb << 20)
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        out = run_attempt(ref, 0, shard, base_version=0, config=cfg)
-        outs.append({"shard": shard, "state": out.state, "loss": out.loss, "data": out.data_bytes})
+    if args.limit_mb:
+        limit = _vm_size() + (args.limit_mb << 20)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    outs = [attempt(args.run, args.data, int(s)) for s in args.attempts.split(",")]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     print(json.dumps({"peak_rss": peak, "limit": limit, "attempts": outs}))
 
@@ -220,8 +225,12 @@ def run_worker(
     attempts: list[int],
     plan: str = "blocks",
     limit_mb: int = 0,
+    warmup: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Start a fresh worker process for ``attempts`` of a prepared run; its JSON report."""
+    """Start a fresh worker process for ``attempts`` of a prepared run; its JSON report.
+
+    Raises :class:`RuntimeError` with the worker's stderr if it fails.
+    """
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     # One malloc arena per thread would reserve 64 MiB of address space each.
@@ -239,6 +248,7 @@ def run_worker(
         f"--cache-mb={cache_mb}",
         f"--attempts={','.join(map(str, attempts))}",
         f"--limit-mb={limit_mb}",
+        f"--warmup={','.join(warmup) if warmup else ''}",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, check=False)
     if proc.returncode != 0:
