@@ -188,8 +188,8 @@ def summary_markdown(
             f"| {r['epoch']} | {_fmt(r['accuracy'])} | {_fmt(r['loss'])} | {r['merges']} | "
             f"{r['reissues']} | {r['rejections']} | {_fmt(r['mean_staleness'], '.2f')} | "
             f"{_fmt(r['goodput'], '.1%')} | {_fmt(r['version'])} | "
-            f"{_fmt(r['wall_seconds'], '.1f')} | {r['data_bytes'] / 1e6:.1f} | "
-            f"{r['written_bytes'] / 1e6:.1f} |"
+            f"{_fmt(r['wall_seconds'], '.1f')} | {r.get('data_bytes', 0) / 1e6:.1f} | "
+            f"{r.get('written_bytes', 0) / 1e6:.1f} |"
             + (
                 f" {_fmt(r.get('cost_usd'), '.3g')} | {_fmt(r.get('waste_usd'), '.3g')} |"
                 if priced

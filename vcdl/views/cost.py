@@ -62,13 +62,14 @@ realized savings are slightly overstated in runs with many notices.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from vcdl.config import CostSection, RunConfig
+from vcdl.config import CostSection
 from vcdl.ledger import Attempt, Ledger
 from vcdl.states import (
     ENDED_RUN_STATES,
@@ -78,6 +79,7 @@ from vcdl.states import (
 from vcdl.views.goodput import salvaged_attempts, useful_training_seconds
 from vcdl.views.prices import (
     DEFAULT_INSTANCE_TYPE,
+    TRANSFERS,
     Price,
     PriceTable,
     StoragePrice,
@@ -311,6 +313,23 @@ def cost_summary(
     }
 
 
+def _store_settings(config: str) -> tuple[str | None, str]:
+    """The run's store URL and ``cost.data_transfer`` from its recorded config.
+
+    Read leniently: the report of a run recorded by another vcdl version
+    (or by hand) still prices its instances.
+    """
+    try:
+        doc = json.loads(config)
+        url = doc.get("store", {}).get("url")
+        transfer = doc.get("cost", {}).get("data_transfer", "internet")
+    except (ValueError, AttributeError):
+        return None, "internet"
+    return (url if isinstance(url, str) else None), (
+        transfer if transfer in TRANSFERS else "internet"
+    )
+
+
 def store_prices(table: PriceTable, store_url: str | None) -> StoragePrice | None:
     """The read prices of the store at ``store_url`` (None: a local or unpriced store)."""
     if not store_url or "://" not in store_url:
@@ -347,7 +366,7 @@ def cost_report(
     """
     table = prices if prices is not None else load_prices()
     row = ledger.get_run(run)
-    cfg = RunConfig.model_validate_json(row.config)
+    store_url, transfer = _store_settings(row.config)
     summary = cost_summary(
         ledger.attempts(run, epoch),
         table,
@@ -355,8 +374,8 @@ def cost_report(
         run_ended=row.state in ENDED_RUN_STATES,
         instance_type=instance_type,
         worker_types=worker_types,
-        storage=store_prices(table, cfg.store.url),
-        data_transfer=data_transfer or cfg.cost.data_transfer,
+        storage=store_prices(table, store_url),
+        data_transfer=data_transfer or transfer,
     )
     return {
         "run": run,
