@@ -380,7 +380,7 @@ def test_a_prices_file_overrides_one_storage_field(tmp_path: Path) -> None:
     s3 = load_prices(path).storage["s3"]
     assert s3.transfer_per_gb["internet"] == 0.05
     assert s3.get_per_1000 == default_prices().storage["s3"].get_per_1000
-    with pytest.raises(ConfigError, match="storage.s3"):
+    with pytest.raises(ConfigError, match=r"storage\.s3"):
         parse_prices({"storage": {"s3": {"get_per_1000": -1.0}}}, base=default_prices())
     with pytest.raises(ConfigError, match="missing"):
         parse_prices({"storage": {"gs": {"get_per_1000": 0.1}}})
