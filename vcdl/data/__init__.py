@@ -3,7 +3,7 @@
 :mod:`.datasets` (layout, write, open, read rows), :mod:`.cache` (decoded
 splits per worker process), :mod:`.importers` (npz, text, Parquet/Arrow),
 :mod:`.builtin` (digits, MNIST-1D, the Python language reference),
-:mod:`.shards`.
+:mod:`.shards` (shard plans), :mod:`.stream` (a shard read chunk by chunk).
 """
 
 from __future__ import annotations
