@@ -13,8 +13,10 @@ Two plans (``data.plan``):
   a fresh order, the rows of each block in a fresh order, all concatenated
   and cut into ``shards`` parts. A shard spans about ``n / shards``
   consecutive rows of that sequence, so it touches at most
-  ``ceil(rows / block) + 1`` chunks: an epoch reads the split about once
-  whatever the number of shards.
+  ``ceil(rows / block) + 2`` chunks (its two ends, and the split's short
+  last chunk), and an epoch touches each chunk once plus at most one per
+  boundary between shards: it reads the split about once whatever the
+  number of shards.
 """
 
 from __future__ import annotations
