@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from benchmarks import scale_data
 from vcdl.cli import main
 from vcdl.config import RunConfig, parse_config
+from vcdl.data import shard_indices, stream_rows, write_dataset
+from vcdl.data.stream import group_by_chunk
 from vcdl.driver.runs import prepare_run
 from vcdl.runtime import RunRef
+from vcdl.store import WeightStore
 from vcdl.worker.attempt import run_attempt
 
 
@@ -99,3 +104,23 @@ def test_a_worker_limited_below_the_split_trains_by_streaming(tmp_path: Path) ->
             limit_mb=48,
             warmup=("warm-cached", small["name"]),
         )
+
+
+def test_a_shard_streams_from_s3_and_counts_what_it_fetched(
+    s3_bucket_url: tuple[str, dict[str, Any]],
+) -> None:
+    url, options = s3_bucket_url
+    store = WeightStore(url, storage_options=options)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 255, (3000, 2000), dtype=np.uint8)  # 3 chunks of about 2 MiB
+    y = rng.integers(0, 10, 3000)
+    info = write_dataset(store, "s3set", x, y, x[:10], y[:10], source="test")
+    rows = shard_indices(3000, 2, 0, 0, 1, block=info.splits["train"].rows_per_chunk)
+    stream = stream_rows(store, "s3set", "train", rows)
+    got = list(stream.blocks())
+    expected = group_by_chunk(rows, info.splits["train"].rows_per_chunk)
+    assert len(got) == len(expected) >= 2
+    for block, want in zip(got, expected, strict=True):
+        assert np.array_equal(block["x"], x[want]) and np.array_equal(block["y"], y[want])
+    # Compressed chunks as S3 returned them, one GET per chunk and array at least.
+    assert stream.bytes_read > 0 and stream.counter.requests >= 2 * len(got)
