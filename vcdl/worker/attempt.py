@@ -140,7 +140,8 @@ def load_shard(ref: RunRef, epoch: int, shard: int, config: RunConfig | None = N
     while the worker's previous attempt still trains, so the next attempt's
     critical path starts at the claim (only the base weights must be read
     after it, to be the freshest head). Costs one shard's rows of memory
-    more while the two overlap.
+    more while the two overlap. A split larger than ``data.cache_mb`` is
+    not read here: the stream reads its chunks while the attempt trains.
     """
     t = time.perf_counter()
     store = ref.store()
