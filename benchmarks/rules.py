@@ -15,7 +15,7 @@ accuracy; 2 % of validation loss), and a one-line JSON summary.
     python benchmarks/rules.py --quick                  # CI: small mnist1d, 2 rules, 1 seed
     python benchmarks/rules.py --workloads tinylm --epochs 6 --seeds 1
     python benchmarks/rules.py --workloads mnist1d --rules vc_asgd "vc_asgd bf16" "vc_asgd int8"
-    python benchmarks/rules.py --workloads mnist1d \
+    python benchmarks/rules.py --workloads mnist1d \\
         --rules "vc_asgd rows plan" vc_asgd "vc_asgd streamed"
 """
 
