@@ -15,6 +15,8 @@ accuracy; 2 % of validation loss), and a one-line JSON summary.
     python benchmarks/rules.py --quick                  # CI: small mnist1d, 2 rules, 1 seed
     python benchmarks/rules.py --workloads tinylm --epochs 6 --seeds 1
     python benchmarks/rules.py --workloads mnist1d --rules vc_asgd "vc_asgd bf16" "vc_asgd int8"
+    python benchmarks/rules.py --workloads mnist1d \\
+        --rules "vc_asgd rows plan" vc_asgd "vc_asgd streamed"
 """
 
 from __future__ import annotations
@@ -57,11 +59,16 @@ SETTINGS: dict[str, list[str]] = {
     "average": ["merge.rule=average"],
     "easgd": ["merge.rule=easgd"],
     "diloco": ["merge.rule=diloco"],
+    # The shard plan of before issue 32 (every shard's rows in every chunk), and
+    # the default chunk-aligned plan streamed block by block (data.cache_mb = 0,
+    # as a split larger than the cache is read); not in the default list.
+    "vc_asgd rows plan": ["merge.rule=vc_asgd", "data.plan=rows"],
+    "vc_asgd streamed": ["merge.rule=vc_asgd", "data.cache_mb=0"],
     # Reduced-precision results (merge.result_precision); not in the default list.
     "vc_asgd bf16": ["merge.rule=vc_asgd", "merge.result_precision=bf16_delta"],
     "vc_asgd int8": ["merge.rule=vc_asgd", "merge.result_precision=int8_delta"],
 }
-DEFAULT_RULES = [k for k in SETTINGS if not k.endswith(("bf16", "int8"))]
+DEFAULT_RULES = [k for k in SETTINGS if not k.endswith(("bf16", "int8", "plan", "streamed"))]
 
 
 def one_process(cfg: RunConfig, metric: str) -> tuple[float, float]:

@@ -299,8 +299,9 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
     # The per-epoch column: accuracy where the objective has one, else the loss.
     by_acc = any(h["test_accuracy"] is not None for h in summary["history"])
     column = "accuracy" if by_acc else "loss"
-    head = ("epoch", "merged", "attempts", "version", "staleness", column)
-    print(" ".join(f"{h:>{w}}" for h, w in zip(head, (5, 8, 8, 7, 9, 8), strict=True)))
+    head = ("epoch", "merged", "attempts", "version", "staleness", column, "read MB", "wrote MB")
+    widths = (5, 8, 8, 7, 9, 8, 9, 9)
+    print(" ".join(f"{h:>{w}}" for h, w in zip(head, widths, strict=True)))
     for h in summary["history"]:
         stale = f"{h['mean_staleness']:.2f}" if h["mean_staleness"] is not None else "-"
         value = h["test_accuracy"] if by_acc else h.get("test_loss")
@@ -308,7 +309,8 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
         version = f"v{h['version']}" if h["version"] is not None else "-"
         print(
             f"{h['epoch']:>5} {h['merged']:>4}/{h['subtasks']:<3} {h['attempts']:>8} "
-            f"{version:>7} {stale:>9} {acc_e:>8}"
+            f"{version:>7} {stale:>9} {acc_e:>8} {h.get('data_bytes', 0) / 1e6:>9.1f} "
+            f"{h.get('written_bytes', 0) / 1e6:>9.1f}"
         )
     attempts = summary.get("attempts", {})
     print("attempts: " + ", ".join(f"{k} {v}" for k, v in attempts.items()))

@@ -121,7 +121,16 @@ class DataSection(_Section):
         ge=0,
         description="A training split up to this size (decoded) is kept in each worker "
         "process's memory after its first shard, so later shards are indexed in memory "
-        "instead of decoding every chunk their rows are scattered over; 0 = never.",
+        "instead of decoding every chunk their rows are scattered over; 0 = never. A larger "
+        "split is streamed from the store block by block (chunk by chunk) with read-ahead, "
+        "never held whole.",
+    )
+    plan: Literal["rows", "blocks"] = Field(
+        "blocks",
+        description="Shard plan. blocks: each epoch orders the split's stored chunks afresh and "
+        "the rows within each, and cuts that sequence into shards, so an attempt reads about "
+        "its own share of the split. rows: a fresh permutation of all rows per epoch (every "
+        "shard's rows lie in every chunk; an attempt beyond cache_mb reads the whole split).",
     )
 
 
@@ -452,6 +461,13 @@ class CostSection(_Section):
     worker_types: dict[str, str] = Field(
         default_factory=dict,
         description="Worker address glob -> instance type, for fleets of several types.",
+    )
+    data_transfer: Literal["same_region", "cross_region", "internet"] = Field(
+        "internet",
+        description="Where the workers are relative to an S3 store's bucket, for pricing the "
+        "training data they read (vcdl cost): same_region (EC2 in the bucket's region: "
+        "transfer free), cross_region, internet (another cloud or on premises; the default, "
+        "the dearest).",
     )
 
 

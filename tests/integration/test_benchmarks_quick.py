@@ -2,7 +2,7 @@
 
 ``overhead.py`` and ``time_to_accuracy.py`` have tests of their own; these
 run ``weights_io.py``, ``ledger.py``, ``allocator.py``, ``task_engine.py``,
-``rules.py``, ``fleet.py`` and ``big_merge.py`` with ``--quick`` in a
+``rules.py``, ``fleet.py``, ``big_merge.py`` and ``scale_data.py`` with ``--quick`` in a
 subprocess and
 check the one-line JSON summary each ends with. Timings are not asserted (a
 shared CI machine), only what a run must always show; the allocator's page
@@ -112,3 +112,14 @@ def test_big_merge_quick() -> None:
     # full-size run measures ~2.3x); a whole-state merge holds 3x.
     assert streamed["peak_over_model"] < whole["peak_over_model"]
     assert 2.0 <= streamed["peak_over_model"] <= 3.0
+
+
+def test_scale_data_quick() -> None:
+    res = _run("scale_data.py")
+    assert res["benchmark"] == "scale_data" and res["quick"]
+    ratio = res["read_ratio"]
+    # The row plan reads the split once per shard; the chunk-aligned plan about once
+    # (at --quick a shard is a few chunks, so a shared boundary chunk weighs more).
+    assert ratio["rows/2"] >= 1.99
+    assert ratio["blocks/2"] <= 1.25 and ratio["blocks/4"] <= 1.5
+    assert res["memory_above_gb"] <= 0.5 and res["memory_met"]

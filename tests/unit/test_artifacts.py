@@ -67,6 +67,8 @@ def test_epoch_metrics_from_ledger_rows() -> None:
         "goodput": round(5 / 8, 4),
         "version": 2,
         "wall_seconds": 12.0,
+        "data_bytes": 0,
+        "written_bytes": 0,
     }
     assert rows[1]["epoch"] == 1 and rows[1]["accuracy"] is None and rows[1]["merges"] == 1
     assert rows[1]["goodput"] == 1.0 and rows[1]["wall_seconds"] is None
@@ -135,7 +137,7 @@ def test_summary_markdown_shows_cost() -> None:
         "prices_as_of": "2026-11-01", "upper_bound_seconds": 3.0,
     }  # fmt: skip
     md = summary_markdown(s, rows, cost=cost)
-    assert "| 80.0% | 4 | 5.0 | 0.0125 | 0.0025 |" in md
+    assert "| 80.0% | 4 | 5.0 | 0.0 | 0.0 | 0.0125 | 0.0025 |" in md
     assert "spot $ | wasted $ |" in md and "## Cost" in md
     assert "Spot cost **$0.0125**" in md and "wasted $0.0025 (20.0%)" in md
     assert "Realized savings **47.9%** against a spot discount of 58.3%" in md

@@ -361,3 +361,57 @@ def test_goodput_seconds_of_killed_merged_and_salvaged_attempts() -> None:
     # Never finished, never reported: nothing known.
     running = attempt("running", None)
     assert training_seconds(running) == 0.0
+
+
+# -- data read from an S3 store --------------------------------------------------------
+
+
+def test_default_prices_have_dated_s3_read_prices() -> None:
+    s3 = default_prices().storage["s3"]
+    assert s3.as_of and "aws.amazon.com/s3/pricing" in s3.source
+    assert 0 < s3.get_per_1000 < 0.01
+    assert s3.transfer_per_gb["same_region"] == 0.0
+    assert 0 < s3.transfer_per_gb["cross_region"] < s3.transfer_per_gb["internet"] < 1
+
+
+def test_a_prices_file_overrides_one_storage_field(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text("[storage.s3]\ntransfer_internet_per_gb = 0.05\n")
+    s3 = load_prices(path).storage["s3"]
+    assert s3.transfer_per_gb["internet"] == 0.05
+    assert s3.get_per_1000 == default_prices().storage["s3"].get_per_1000
+    with pytest.raises(ConfigError, match=r"storage\.s3"):
+        parse_prices({"storage": {"s3": {"get_per_1000": -1.0}}}, base=default_prices())
+    with pytest.raises(ConfigError, match="missing"):
+        parse_prices({"storage": {"gs": {"get_per_1000": 0.1}}})
+
+
+def test_data_read_from_s3_is_priced_by_requests_and_transfer() -> None:
+    s3 = default_prices().storage["s3"]
+    a, b = attempt(epoch=0), attempt("killed", epoch=1)
+    a.data_bytes, a.data_requests, a.written_bytes = 3 * 2**30, 1500, 10
+    b.data_bytes, b.data_requests = 2**30, 500
+    summary = cost_summary(
+        [a, b], TABLE, until=T0, run_ended=True, instance_type="cheap", storage=s3
+    )
+    want = 2000 / 1000 * s3.get_per_1000 + 4 * s3.transfer_per_gb["internet"]
+    assert summary["data_usd"] == pytest.approx(want)
+    assert summary["data_bytes"] == 4 * 2**30 and summary["data_requests"] == 2000
+    assert summary["written_bytes"] == 10
+    assert [h["data_bytes"] for h in summary["history"]] == [3 * 2**30, 2**30]
+    same = cost_summary(
+        [a, b],
+        TABLE,
+        until=T0,
+        run_ended=True,
+        instance_type="cheap",
+        storage=s3,
+        data_transfer="same_region",
+    )
+    assert same["data_usd"] == pytest.approx(2 * s3.get_per_1000)
+    # Not part of the instance bill; and a local store is not priced.
+    assert same["total_usd"] == summary["total_usd"]
+    local = cost_summary([a, b], TABLE, until=T0, run_ended=True, instance_type="cheap")
+    assert local["data_usd"] is None and local["data_bytes"] == 4 * 2**30
+    assert "store not priced" in format_cost({"run": "r", "state": "completed", **local})
+    assert "GETs $0.0004/1000" in format_cost({"run": "r", "state": "completed", **summary})

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vcdl.data import shard_indices, shard_plan
+from vcdl.data.shards import chunks_touched
 from vcdl.errors import DataError
 
 
@@ -82,3 +83,71 @@ def test_shard_out_of_range_raises(shard: int) -> None:
 def test_non_integer_arguments_raise() -> None:
     with pytest.raises(TypeError):
         shard_plan(10.0, 2, 0, 0)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- the blocks plan
+
+
+@st.composite
+def block_plans(draw: st.DrawFn, min_n: int = 1) -> tuple[int, int, int, int, int]:
+    n, shards, seed, epoch = draw(plans(min_n))
+    block = draw(st.integers(1, n + 5))
+    return n, shards, seed, epoch, block
+
+
+@settings(max_examples=200, deadline=None)
+@given(block_plans())
+def test_block_plan_visits_every_row_once_in_nearly_equal_parts(
+    args: tuple[int, int, int, int, int],
+) -> None:
+    n, shards, seed, epoch, block = args
+    plan = shard_plan(n, shards, seed, epoch, block=block)
+    assert len(plan) == shards
+    sizes = [len(p) for p in plan]
+    assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+    every = np.concatenate(plan)
+    assert every.dtype == np.int64
+    assert np.array_equal(np.sort(every), np.arange(n))
+    assert np.array_equal(shard_indices(n, shards, seed, epoch, shards - 1, block=block), plan[-1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(block_plans())
+def test_block_plan_shard_reads_about_its_own_share(args: tuple[int, int, int, int, int]) -> None:
+    """A shard lies in at most ceil(rows / block) + 2 chunks (its two ends, and the split's
+    short last chunk); an epoch touches each chunk once plus one per shard boundary."""
+    n, shards, seed, epoch, block = args
+    plan = shard_plan(n, shards, seed, epoch, block=block)
+    for rows in plan:
+        assert chunks_touched(rows, block) <= -(-len(rows) // block) + 2
+    total = sum(chunks_touched(rows, block) for rows in plan)
+    assert total <= -(-n // block) + shards - 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(block_plans(min_n=10), st.integers(1, 10_000))
+def test_block_plan_order_is_new_every_epoch(
+    args: tuple[int, int, int, int, int], delta: int
+) -> None:
+    n, shards, seed, epoch, block = args
+    first = np.concatenate(shard_plan(n, shards, seed, epoch, block=block))
+    again = np.concatenate(shard_plan(n, shards, seed, epoch, block=block))
+    other = np.concatenate(shard_plan(n, shards, seed, epoch + delta, block=block))
+    assert np.array_equal(first, again)
+    assert not np.array_equal(first, other)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(2, 50), st.integers(2, 40), st.integers(0, 2**32))
+def test_block_plan_keeps_each_block_together(blocks: int, block: int, seed: int) -> None:
+    """Concatenated, the plan is the blocks one after another, each block's rows shuffled."""
+    n = blocks * block
+    order = np.concatenate(shard_plan(n, 1, seed, 0, block=block))
+    runs = order.reshape(blocks, block) // block
+    assert (runs == runs[:, :1]).all()
+    assert sorted(runs[:, 0]) == list(range(blocks))
+
+
+def test_block_plan_rejects_a_zero_block() -> None:
+    with pytest.raises(DataError, match="block"):
+        shard_plan(10, 2, 0, 0, block=0)

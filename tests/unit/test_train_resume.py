@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from vcdl.config import TrainSection
+from vcdl.data.stream import ShardStream
 from vcdl.models import mlp
 from vcdl.types import StateDict
 from vcdl.worker.loop import train_attempt
@@ -115,3 +116,37 @@ def test_start_beyond_the_plan_is_refused(bad: int) -> None:
     x, y = data()
     with pytest.raises(ValueError, match="start_samples"):
         train_attempt(model(), initial(), {"x": x, "y": y}, cfg(), seed=3, start_samples=bad)
+
+
+class _MemoryStream(ShardStream):
+    """A shard streamed block by block, the blocks served from memory."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], rows_per_chunk: int) -> None:
+        super().__init__({f: None for f in arrays}, np.arange(len(arrays["y"])), rows_per_chunk)  # type: ignore[misc]
+        self._memory = arrays
+
+    def read_block(self, i: int) -> dict[str, np.ndarray]:
+        return {f: a[self._blocks[i]] for f, a in self._memory.items()}
+
+
+@pytest.mark.parametrize("at", [1, 12, 13, 35])
+def test_a_streamed_shard_resumes_where_the_uninterrupted_attempt_ends(at: int) -> None:
+    x, y = data()
+    stream = _MemoryStream({"x": x, "y": y}, rows_per_chunk=50)
+    c = cfg()
+    taken: list[tuple[StateDict, int]] = []
+    full = train_attempt(
+        model(),
+        initial(),
+        stream,
+        c,
+        seed=7,
+        checkpoint=lambda s, n, t: taken.append(({k: v.clone() for k, v in s.items()}, n)),
+        checkpoint_seconds=0,
+    )
+    assert full.samples == full.planned_samples == 230 * 3
+    state, samples = taken[at - 1]
+    resumed = train_attempt(model(), state, stream, c, seed=7, start_samples=samples)
+    assert resumed.samples == full.samples
+    for k in full.state:
+        torch.testing.assert_close(resumed.state[k], full.state[k], rtol=0, atol=0)

@@ -3,7 +3,7 @@
 :mod:`.datasets` (layout, write, open, read rows), :mod:`.cache` (decoded
 splits per worker process), :mod:`.importers` (npz, text, Parquet/Arrow),
 :mod:`.builtin` (digits, MNIST-1D, the Python language reference),
-:mod:`.shards`.
+:mod:`.shards` (shard plans), :mod:`.stream` (a shard read chunk by chunk).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from vcdl.data.datasets import (
     open_dataset,
     read_arrays,
     read_rows,
+    stream_rows,
     write_arrays,
     write_dataset,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "read_rows",
     "shard_indices",
     "shard_plan",
+    "stream_rows",
     "write_arrays",
     "write_dataset",
 ]

@@ -1,10 +1,11 @@
 """Each worker process's cache of decoded training splits (``data.cache_mb``).
 
-A shard's rows are a random subset of the split, so they lie in every chunk
-of it, and reading them decodes the whole split again at every attempt
-(MNIST-1D's 5 MB: ~10 ms of CPU on an idle core, ~40 ms of wall on two loaded
-cores); a split that fits the budget is decoded once per process and indexed
-in memory. Keyed by the store location, split, the data set's fingerprint
+Reading a shard from the store decodes every chunk its rows lie in: about
+its share of the split under the chunk-aligned plan, every chunk under the
+row plan (MNIST-1D's 5 MB whole: ~10 ms of CPU on an idle core, ~40 ms of
+wall on two loaded cores). A split that fits the budget is decoded once per
+process and indexed in memory; a larger one is streamed
+(:mod:`vcdl.data.stream`). Keyed by the store location, split, the data set's fingerprint
 and the fields read, so a data set imported again under the same name is
 read afresh.
 """

@@ -43,6 +43,7 @@ import numpy as np
 import zarr
 
 from vcdl.data.cache import split_cache
+from vcdl.data.stream import ByteCounter, ShardStream, counted
 from vcdl.errors import DataError
 
 DATASETS_PREFIX = "datasets"
@@ -526,6 +527,7 @@ def read_arrays(
     *,
     fields: Sequence[str] | None = None,
     cache_bytes: int = 0,
+    counter: ByteCounter | None = None,
 ) -> dict[str, np.ndarray]:
     """Rows of one split, by field, each in its stored dtype.
 
@@ -533,22 +535,11 @@ def read_arrays(
     the order given (repeats allowed). ``fields`` limits the arrays read.
     Only the chunks holding the rows are read, unless the split is at most
     ``cache_bytes`` decoded: it is then decoded once per process, kept
-    (:data:`vcdl.data.cache.split_cache`) and indexed in memory.
+    (:data:`vcdl.data.cache.split_cache`) and indexed in memory. ``counter``
+    adds up the bytes fetched from the store (none on a cache hit).
     """
-    group = _open_complete(store, name)
-    # Each array read below checks its own shape; the hot path reads no others.
-    info = _info_from_group(group, name, check=False)
-    if split not in info.splits:
-        raise DataError(f"split must be one of {sorted(info.splits)}, got {split!r}")
-    described = info.splits[split]
-    wanted = list(described.arrays) if fields is None else list(fields)
-    unknown = [f for f in wanted if f not in described.arrays]
-    if unknown:
-        raise DataError(
-            f"data set '{name}' has no field(s) {unknown} (fields: {', '.join(described.arrays)})"
-        )
-    arrays = {f: _array(group, info, split, f) for f in wanted}
-    n = described.rows
+    info, arrays = _split_arrays(store, name, split, fields, counter)
+    n = info.splits[split].rows
     if indices is None:
         return {f: np.asarray(a[...]) for f, a in arrays.items()}
     idx = np.asarray(indices)
@@ -565,13 +556,66 @@ def read_arrays(
             f"found values from {lo} to {hi}"
         )
     if cache_bytes > 0:
-        key = (store.uri(_group_path(name)), split, info.fingerprint, tuple(wanted))
+        key = (store.uri(_group_path(name)), split, info.fingerprint, tuple(arrays))
         cached = split_cache.arrays(key, arrays, cache_bytes)
         if cached is not None:
             return {f: a[idx] for f, a in cached.items()}  # fancy indexing: fresh copies
     # Zarr's orthogonal selection wants sorted unique indices; map back after.
     uniq, inverse = np.unique(idx, return_inverse=True)
     return {f: np.asarray(a.oindex[uniq])[inverse] for f, a in arrays.items()}
+
+
+def _split_arrays(
+    store: DatasetStore,
+    name: str,
+    split: str,
+    fields: Sequence[str] | None,
+    counter: ByteCounter | None,
+) -> tuple[DatasetInfo, dict[str, zarr.Array]]:
+    """The data set's description and the split's arrays (``fields``, default all)."""
+    group = _open_complete(store, name)
+    # Each array read checks its own shape; the hot path reads no others.
+    info = _info_from_group(group, name, check=False)
+    if split not in info.splits:
+        raise DataError(f"split must be one of {sorted(info.splits)}, got {split!r}")
+    described = info.splits[split]
+    wanted = list(described.arrays) if fields is None else list(fields)
+    unknown = [f for f in wanted if f not in described.arrays]
+    if unknown:
+        raise DataError(
+            f"data set '{name}' has no field(s) {unknown} (fields: {', '.join(described.arrays)})"
+        )
+    arrays = {f: _array(group, info, split, f) for f in wanted}
+    if counter is not None:
+        arrays = {f: counted(a, counter) for f, a in arrays.items()}
+    return info, arrays
+
+
+def stream_rows(
+    store: DatasetStore,
+    name: str,
+    split: str,
+    indices: np.ndarray,
+    *,
+    fields: Sequence[str] | None = None,
+    ahead: int = 2,
+) -> ShardStream:
+    """Rows of one split as a :class:`~vcdl.data.stream.ShardStream`: nothing read yet.
+
+    The rows are read block by block (one stored chunk each) as the stream
+    is iterated, ``ahead`` blocks in front; its counter holds the bytes
+    fetched. Each chunk the rows touch is read once per pass: with the
+    chunk-aligned shard plan a shard touches about its share of the chunks.
+    """
+    counter = ByteCounter()
+    info, arrays = _split_arrays(store, name, split, fields, counter)
+    idx = np.asarray(indices)
+    if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
+        raise DataError(f"indices must be 1-D integers, got {idx.dtype} of shape {idx.shape}")
+    n = info.splits[split].rows
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
+        raise DataError(f"indices out of range for the {split} split of '{name}' ({n} rows)")
+    return ShardStream(arrays, idx, info.splits[split].rows_per_chunk, counter=counter, ahead=ahead)
 
 
 def read_rows(

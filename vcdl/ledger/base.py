@@ -88,7 +88,17 @@ def attempt_timings(attempt: Attempt) -> dict[str, float]:
 
 
 # The columns finish_attempt may set besides the state and finished_at.
-_FINISH_FIELDS = ("result_uri", "samples", "loss", "train_seconds", "reason", "timings")
+_FINISH_FIELDS = (
+    "result_uri",
+    "samples",
+    "loss",
+    "train_seconds",
+    "reason",
+    "timings",
+    "data_bytes",
+    "data_requests",
+    "written_bytes",
+)
 
 
 def _timings_json(timings: Mapping[str, float]) -> str:

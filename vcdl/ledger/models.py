@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import uuid4
 
-from sqlalchemy import DateTime, Dialect, Text, UniqueConstraint
+from sqlalchemy import BigInteger, DateTime, Dialect, Text, UniqueConstraint
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
@@ -130,6 +130,12 @@ class Attempt(SQLModel, table=True):
     # attempt salvaged (the source may have lived on and recorded more).
     resumed_from: str | None = None
     resumed_seconds: float | None = None
+    # Bytes of training data the attempt fetched from the store, and bytes of
+    # tensors it wrote there (result and checkpoints): what an object store
+    # bills as transfer (vcdl cost). NULL for attempts recorded before.
+    data_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    data_requests: int | None = None  # the GETs that fetched data_bytes
+    written_bytes: int | None = Field(default=None, sa_type=BigInteger)
 
 
 class Version(SQLModel, table=True):

@@ -138,7 +138,10 @@ SET state = %(state)s, finished_at = %(now)s::timestamptz,
     loss = COALESCE(%(loss)s::float8, loss),
     train_seconds = COALESCE(%(train_seconds)s::float8, train_seconds),
     reason = COALESCE(%(reason)s::varchar, reason),
-    timings = COALESCE(%(timings)s::varchar, timings)
+    timings = COALESCE(%(timings)s::varchar, timings),
+    data_bytes = COALESCE(%(data_bytes)s::bigint, data_bytes),
+    data_requests = COALESCE(%(data_requests)s::integer, data_requests),
+    written_bytes = COALESCE(%(written_bytes)s::bigint, written_bytes)
 WHERE id = %(id)s AND state = ANY(%(sources)s)
 RETURNING {columns}
 """

@@ -200,7 +200,8 @@ class WorkQueries(LedgerBase):
                 | {"subtask_id": subtask_id, "number": number, "base_version": base}
                 | {"state": "running", "finished_at": None, "reason": None, "result_uri": None}
                 | {"samples": None, "loss": None, "train_seconds": None, "timings": None}
-                | {"checkpoint_uri": None, "resumed_from": None, "resumed_seconds": None},
+                | {"checkpoint_uri": None, "resumed_from": None, "resumed_seconds": None}
+                | {"data_bytes": None, "data_requests": None, "written_bytes": None},
             )
 
         if self._pg is not None:
@@ -229,12 +230,17 @@ class WorkQueries(LedgerBase):
         reason: str | None = None,
         timings: Mapping[str, float] | None = None,
         ended_at: datetime | None = None,
+        data_bytes: int | None = None,
+        data_requests: int | None = None,
+        written_bytes: int | None = None,
     ) -> Attempt:
         """Record how an attempt ended; sets finished_at. Fields left None are kept.
 
         ``timings`` (seconds per phase) replaces the attempt's breakdown;
-        :meth:`add_timings` adds phases to it later. ``ended_at`` is when the
-        attempt really ended if that is known to be earlier than now (e.g.
+        :meth:`add_timings` adds phases to it later. ``data_bytes`` and
+        ``data_requests``: training data the attempt fetched from the store
+        and the GETs that fetched it; ``written_bytes``: tensors it wrote there.
+        ``ended_at`` is when the attempt really ended if that is known to be earlier than now (e.g.
         the moment its worker died, found out later); it is clamped to
         [started_at, now], so clock skew never gives negative or future time.
 
@@ -252,6 +258,9 @@ class WorkQueries(LedgerBase):
             "train_seconds": train_seconds,
             "reason": reason,
             "timings": _timings_json(timings) if timings is not None else None,
+            "data_bytes": data_bytes,
+            "data_requests": data_requests,
+            "written_bytes": written_bytes,
         }
         now = models.utcnow()
         if ended_at is not None and ended_at < now:

@@ -39,8 +39,10 @@ def epoch_metrics(
     Columns: epoch, test accuracy and loss, merges, reissues (attempts
     beyond the first), rejections, mean staleness of the epoch's versions,
     goodput (training seconds that reached a merged version / all training
-    seconds), head version, and the wall time from ``started`` (the run's
-    creation) to the epoch's evaluation. With ``costs`` (the ``history`` of
+    seconds), head version, the wall time from ``started`` (the run's
+    creation) to the epoch's evaluation, and the bytes of training data
+    read and of results and checkpoints written (``data_bytes``,
+    ``written_bytes``). With ``costs`` (the ``history`` of
     :func:`vcdl.views.cost.cost_summary`), also the epoch's spot cost and the
     part of it wasted (``cost_usd``, ``waste_usd``).
     """
@@ -64,6 +66,8 @@ def epoch_metrics(
             "goodput": round(goodput, 4) if goodput is not None else None,
             "version": v.version,
             "wall_seconds": wall,
+            "data_bytes": v.data_bytes,
+            "written_bytes": v.written_bytes,
         }
         # The objective's other metrics (perplexity, token accuracy, rmse, the user's).
         row |= {k: x for k, x in sorted(v.test_metrics.items()) if k not in ("accuracy", "loss")}
@@ -175,15 +179,17 @@ def summary_markdown(
         "## Epochs",
         "",
         "| epoch | accuracy | loss | merges | reissues | rejections | mean staleness "
-        "| goodput | version | wall (s) |" + (" spot $ | wasted $ |" if priced else ""),
-        "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if priced else ""),
+        "| goodput | version | wall (s) | read (MB) | wrote (MB) |"
+        + (" spot $ | wasted $ |" if priced else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if priced else ""),
     ]
     for r in rows:
         lines.append(
             f"| {r['epoch']} | {_fmt(r['accuracy'])} | {_fmt(r['loss'])} | {r['merges']} | "
             f"{r['reissues']} | {r['rejections']} | {_fmt(r['mean_staleness'], '.2f')} | "
             f"{_fmt(r['goodput'], '.1%')} | {_fmt(r['version'])} | "
-            f"{_fmt(r['wall_seconds'], '.1f')} |"
+            f"{_fmt(r['wall_seconds'], '.1f')} | {r.get('data_bytes', 0) / 1e6:.1f} | "
+            f"{r.get('written_bytes', 0) / 1e6:.1f} |"
             + (
                 f" {_fmt(r.get('cost_usd'), '.3g')} | {_fmt(r.get('waste_usd'), '.3g')} |"
                 if priced

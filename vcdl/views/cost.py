@@ -48,6 +48,13 @@ useful for the training its checkpoint kept (``train_seconds``, recorded with
 the checkpoint) and waste for the rest of its time: the merged replacement's
 own wall time covers only the samples the checkpoint had not seen.
 
+**Data** an attempt read from the store (``attempt.data_bytes`` in
+``data_requests`` GETs, every attempt's, merged or wasted) is priced where
+the store is S3 (``[storage.s3]`` of the price table): GETs at
+``get_per_1000``, bytes at the transfer price of ``cost.data_transfer``
+(same region: free; cross-region; internet). ``data_usd`` is None for other
+stores and is not part of ``total_usd`` (the instance bill).
+
 A merged partial result (``fault.partial = "scale"``) counts as useful at
 its own, shorter, wall time: on-demand would have run the full shard, so
 realized savings are slightly overstated in runs with many notices.
@@ -55,6 +62,7 @@ realized savings are slightly overstated in runs with many notices.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -71,8 +79,10 @@ from vcdl.states import (
 from vcdl.views.goodput import salvaged_attempts, useful_training_seconds
 from vcdl.views.prices import (
     DEFAULT_INSTANCE_TYPE,
+    TRANSFERS,
     Price,
     PriceTable,
+    StoragePrice,
     instance_for,
     load_prices,
     run_prices,
@@ -113,6 +123,21 @@ def attempt_seconds(attempt: Attempt, until: datetime) -> tuple[float, bool]:
     return max(0.0, (end - attempt.started_at).total_seconds()), estimated
 
 
+def data_cost(
+    data_bytes: int, requests: int, storage: StoragePrice | None, transfer: str
+) -> float | None:
+    """USD for reading ``data_bytes`` in ``requests`` GETs from a priced object store.
+
+    None when the store has no price (a local directory).
+    """
+    if storage is None:
+        return None
+    return (
+        requests / 1000.0 * storage.get_per_1000
+        + data_bytes / 2**30 * storage.transfer_per_gb[transfer]
+    )
+
+
 def outcome(state: str, run_ended: bool) -> str:
     """``"useful"``, ``"waste"`` or ``"pending"`` for an attempt in ``state``."""
     if state in USEFUL_ATTEMPT_STATES:
@@ -134,6 +159,9 @@ class _Tally:
         self.attempts = 0
         self.merged = 0
         self.samples = 0
+        self.data_bytes = 0
+        self.data_requests = 0
+        self.written_bytes = 0
         self.seconds: dict[str, float] = defaultdict(float)
         self.spot: dict[str, float] = defaultdict(float)
         self.on_demand: dict[str, float] = defaultdict(float)
@@ -147,13 +175,20 @@ class _Tally:
             self.merged += 1
             self.samples += samples or 0
 
+    def add_traffic(self, attempt: Attempt) -> None:
+        self.data_bytes += attempt.data_bytes or 0
+        self.data_requests += attempt.data_requests or 0
+        self.written_bytes += attempt.written_bytes or 0
+
     def add_salvaged(self, seconds: float, price: Price) -> None:
         """Useful seconds of an attempt already counted (a resumed checkpoint's training)."""
         self.seconds["useful"] += seconds
         self.spot["useful"] += attempt_cost(seconds, price.spot)
         self.on_demand["useful"] += attempt_cost(seconds, price.on_demand)
 
-    def figures(self) -> dict[str, Any]:
+    def figures(
+        self, storage: StoragePrice | None = None, transfer: str = "internet"
+    ) -> dict[str, Any]:
         total = sum(self.spot.values())
         total_od = sum(self.on_demand.values())
         decided = self.spot["useful"] + self.spot["waste"]
@@ -184,6 +219,10 @@ class _Tally:
                 if discount is not None and realized is not None
                 else None
             ),
+            "data_bytes": self.data_bytes,
+            "data_requests": self.data_requests,
+            "written_bytes": self.written_bytes,
+            "data_usd": data_cost(self.data_bytes, self.data_requests, storage, transfer),
         }
 
 
@@ -195,13 +234,16 @@ def cost_summary(
     run_ended: bool,
     instance_type: str = DEFAULT_INSTANCE_TYPE,
     worker_types: Mapping[str, str] | None = None,
+    storage: StoragePrice | None = None,
+    data_transfer: str = "internet",
 ) -> dict[str, Any]:
     """The cost figures of ``attempts`` (see the module docstring), no ledger needed.
 
     Returns the run-wide figures plus ``instance_types`` (per type: prices,
     discount, attempts, seconds, USD) and ``history`` (the same figures per
     epoch). ``until`` ends attempts without ``finished_at``; ``run_ended``
-    turns pending states into waste.
+    turns pending states into waste. ``storage`` prices the data the
+    attempts read (``data_usd``; None without it) at ``data_transfer``.
 
     Raises:
         ConfigError: an instance type (default or mapped) has no price.
@@ -224,6 +266,7 @@ def cost_summary(
         # A salvaged attempt's checkpointed training is useful, the rest of it waste.
         kept = min(seconds, useful_training_seconds(a, salvaged)) if result != "useful" else 0.0
         for tally in (run, per_epoch[a.epoch], per_type[kind]):
+            tally.add_traffic(a)
             tally.add(result, seconds - kept, price, a.samples)
             if kept:
                 tally.add_salvaged(kept, price)
@@ -249,11 +292,50 @@ def cost_summary(
             },
         }
     return {
-        **run.figures(),
+        **run.figures(storage, data_transfer),
+        "data_store": storage.scheme if storage is not None else None,
+        "data_transfer": data_transfer,
+        "data_prices": (
+            {
+                "get_per_1000": storage.get_per_1000,
+                "transfer_per_gb": storage.transfer_per_gb[data_transfer],
+                "as_of": storage.as_of,
+                "source": storage.source,
+            }
+            if storage is not None
+            else None
+        ),
         "upper_bound_seconds": estimated,
         "instance_types": types,
-        "history": [{"epoch": e, **per_epoch[e].figures()} for e in sorted(per_epoch)],
+        "history": [
+            {"epoch": e, **per_epoch[e].figures(storage, data_transfer)} for e in sorted(per_epoch)
+        ],
     }
+
+
+def _store_settings(config: str) -> tuple[str | None, str]:
+    """The run's store URL and ``cost.data_transfer`` from its recorded config.
+
+    Read leniently: the report of a run recorded by another vcdl version
+    (or by hand) still prices its instances.
+    """
+    try:
+        doc = json.loads(config)
+        url = doc.get("store", {}).get("url")
+        transfer = doc.get("cost", {}).get("data_transfer", "internet")
+    except (ValueError, AttributeError):
+        return None, "internet"
+    return (url if isinstance(url, str) else None), (
+        transfer if transfer in TRANSFERS else "internet"
+    )
+
+
+def store_prices(table: PriceTable, store_url: str | None) -> StoragePrice | None:
+    """The read prices of the store at ``store_url`` (None: a local or unpriced store)."""
+    if not store_url or "://" not in store_url:
+        return None
+    scheme = store_url.split("://", 1)[0].lower()
+    return table.storage.get("s3" if scheme == "s3a" else scheme)
 
 
 def cost_report(
@@ -265,6 +347,7 @@ def cost_report(
     worker_types: Mapping[str, str] | None = None,
     until: datetime | None = None,
     epoch: int | None = None,
+    data_transfer: str | None = None,
 ) -> dict[str, Any]:
     """Cost, waste and savings of run ``run`` from the ledger, as plain data.
 
@@ -274,7 +357,8 @@ def cost_report(
     ``updated_at``) ends attempts the ledger never saw finish; their seconds
     are upper bounds (``upper_bound_seconds``). See the module docstring for
     the definitions. With ``epoch``, of that epoch's attempts only (they
-    alone are read).
+    alone are read). The data the attempts read is priced if the run's store
+    is S3, at ``data_transfer`` (default: the run's ``cost.data_transfer``).
 
     Raises:
         RunNotFound: no such run.
@@ -282,6 +366,7 @@ def cost_report(
     """
     table = prices if prices is not None else load_prices()
     row = ledger.get_run(run)
+    store_url, transfer = _store_settings(row.config)
     summary = cost_summary(
         ledger.attempts(run, epoch),
         table,
@@ -289,6 +374,8 @@ def cost_report(
         run_ended=row.state in ENDED_RUN_STATES,
         instance_type=instance_type,
         worker_types=worker_types,
+        storage=store_prices(table, store_url),
+        data_transfer=data_transfer or transfer,
     )
     return {
         "run": run,
@@ -317,6 +404,7 @@ def run_cost_report(
         worker_types=cost.worker_types,
         until=until,
         epoch=epoch,
+        data_transfer=cost.data_transfer,
     )
 
 
@@ -368,6 +456,18 @@ def format_cost(report: Mapping[str, Any]) -> str:
     ]
     if r["savings_gap_points"] is not None:
         lines.append(f"  waste cost {r['savings_gap_points']:.1f} points of the spot discount")
+    read = r.get("data_bytes", 0)
+    line = f"  data read {read / 1e9:.3f} GB in {r.get('data_requests', 0):,} GETs"
+    if r.get("data_usd") is not None:
+        p = r["data_prices"]
+        line += (
+            f": {_usd(r['data_usd'])} from {r['data_store']} (GETs ${p['get_per_1000']}/1000, "
+            f"transfer {r['data_transfer']} ${p['transfer_per_gb']}/GB; prices as of "
+            f"{p['as_of'] or '?'}; not in the spot total)"
+        )
+    else:
+        line += " (store not priced: no request or transfer cost)"
+    lines.append(line + f"; wrote {r.get('written_bytes', 0) / 1e9:.3f} GB")
     lines += [
         "",
         f"  {'instance type':<18} {'spot/h':>8} {'od/h':>8} {'disc':>6} {'att':>5} "

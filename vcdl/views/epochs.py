@@ -4,7 +4,8 @@
 :class:`EpochView` s: subtasks by state, attempts, reissues and rejections,
 the newest version and its mean staleness, the test evaluation, and the
 training seconds and the part of them that reached a merged version
-(goodput, :mod:`vcdl.views.goodput`). Status (:mod:`vcdl.views.status`) and
+(goodput, :mod:`vcdl.views.goodput`), and the bytes its attempts read
+from and wrote to the store. Status (:mod:`vcdl.views.status`) and
 the Prefect artifacts (:mod:`vcdl.views.artifacts`) render these; the cost
 report adds its dollars per epoch (:mod:`vcdl.views.cost`). Pure: the rows
 come in, nothing is read.
@@ -49,6 +50,12 @@ class EpochView:
     evaluated_at: datetime | None
     train_seconds: float
     useful_seconds: float
+    data_bytes: int = 0
+    """Training data the epoch's attempts fetched from the store (those that recorded it)."""
+    data_requests: int = 0
+    """The store requests (GETs) that fetched ``data_bytes``."""
+    written_bytes: int = 0
+    """Tensors the epoch's attempts wrote to the store: results and checkpoints."""
 
     @property
     def goodput(self) -> float | None:
@@ -71,12 +78,18 @@ def epoch_views(
     outcomes: dict[int, Counter[str]] = defaultdict(Counter)
     spent: dict[int, float] = defaultdict(float)
     useful: dict[int, float] = defaultdict(float)
+    read: Counter[int] = Counter()
+    written: Counter[int] = Counter()
+    gets: Counter[int] = Counter()
     attempts = list(attempts)
     salvaged = salvaged_attempts(attempts)
     for a in attempts:
         outcomes[a.epoch][a.state] += 1
         spent[a.epoch] += training_seconds(a)
         useful[a.epoch] += useful_training_seconds(a, salvaged)
+        read[a.epoch] += a.data_bytes or 0
+        written[a.epoch] += a.written_bytes or 0
+        gets[a.epoch] += a.data_requests or 0
     newest: dict[int, int] = {}
     stale: dict[int, list[int]] = defaultdict(list)
     for v in versions:
@@ -109,6 +122,9 @@ def epoch_views(
                 evaluated_at=ev.created_at if ev else None,
                 train_seconds=spent[epoch],
                 useful_seconds=useful[epoch],
+                data_bytes=read[epoch],
+                data_requests=gets[epoch],
+                written_bytes=written[epoch],
             )
         )
     return views

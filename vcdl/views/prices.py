@@ -27,6 +27,26 @@ _PRICE_FIELDS: Final = frozenset({"on_demand", "spot", "provider", "region", "ac
 
 _META_FIELDS: Final = frozenset({"as_of", "currency", "source", "note"})
 
+TRANSFERS: Final = ("same_region", "cross_region", "internet")
+"""Where the workers are relative to the store's bucket (``cost.data_transfer``)."""
+
+_STORAGE_NUMBERS: Final = frozenset({"get_per_1000", *(f"transfer_{t}_per_gb" for t in TRANSFERS)})
+_STORAGE_FIELDS: Final = _STORAGE_NUMBERS | {"provider", "region", "as_of", "source", "note"}
+
+
+@dataclass(frozen=True)
+class StoragePrice:
+    """What reading from an object store costs: USD per 1 000 GETs and per GB out."""
+
+    scheme: str
+    get_per_1000: float
+    transfer_per_gb: Mapping[str, float]
+    """By :data:`TRANSFERS`: where the workers are relative to the bucket."""
+    provider: str = ""
+    region: str = ""
+    as_of: str = ""
+    source: str = ""
+
 
 @dataclass(frozen=True)
 class Price:
@@ -55,6 +75,8 @@ class PriceTable:
     currency: str = "USD"
     source: str = ""
     files: tuple[str, ...] = field(default=())
+    storage: Mapping[str, StoragePrice] = field(default_factory=dict)
+    """Object-store read prices by URL scheme (``s3``)."""
 
     def __getitem__(self, instance_type: str) -> Price:
         try:
@@ -71,12 +93,12 @@ class PriceTable:
         return instance_type in self.prices
 
 
-def _number(value: Any, what: str) -> float:
+def _number(value: Any, what: str, unit: str = "USD per hour") -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{what} must be a number of USD per hour, got {value!r}")
+        raise ConfigError(f"{what} must be a number of {unit}, got {value!r}")
     number = float(value)
     if not math.isfinite(number) or number < 0:
-        raise ConfigError(f"{what} must be a finite, non-negative USD per hour, got {value!r}")
+        raise ConfigError(f"{what} must be a finite, non-negative {unit}, got {value!r}")
     return number
 
 
@@ -97,7 +119,7 @@ def parse_prices(
             both prices. A spot price above on-demand is allowed (spot prices
             can briefly exceed it) but warns.
     """
-    unknown = set(doc) - {"meta", "instance"}
+    unknown = set(doc) - {"meta", "instance", "storage"}
     if unknown:
         raise ConfigError(
             f"{origin}: unknown table(s) {sorted(unknown)}; a prices file has [meta] and "
@@ -148,6 +170,7 @@ def parse_prices(
             accelerator=merged.get("accelerator", ""),
             note=merged.get("note", ""),
         )
+    storage = _parse_storage(doc.get("storage", {}), origin, base)
     for key in ("as_of", "currency", "source"):
         if key in meta and not isinstance(meta[key], str):
             raise ConfigError(f"{origin}: [meta] {key} must be a string")
@@ -157,7 +180,48 @@ def parse_prices(
         currency=str(meta.get("currency", base.currency if base else "USD")),
         source=str(meta.get("source", base.source if base else "")),
         files=(*(base.files if base else ()), origin),
+        storage=storage,
     )
+
+
+def _parse_storage(tables: Any, origin: str, base: PriceTable | None) -> dict[str, StoragePrice]:
+    """``[storage.SCHEME]`` tables on top of ``base``'s (a field given replaces that field)."""
+    if not isinstance(tables, Mapping):
+        raise ConfigError(f"{origin}: [storage.SCHEME] must be tables")
+    out = dict(base.storage) if base else {}
+    for scheme, entry in tables.items():
+        what = f"{origin}: [storage.{scheme}]"
+        if not isinstance(entry, Mapping) or set(entry) - _STORAGE_FIELDS:
+            raise ConfigError(f"{what} may only hold {sorted(_STORAGE_FIELDS)}")
+        old = out.get(scheme)
+        merged: dict[str, Any] = {}
+        if old is not None:
+            merged = {
+                "get_per_1000": old.get_per_1000,
+                **{f"transfer_{t}_per_gb": v for t, v in old.transfer_per_gb.items()},
+                "provider": old.provider,
+                "region": old.region,
+                "as_of": old.as_of,
+                "source": old.source,
+            }
+        merged.update(entry)
+        missing = _STORAGE_NUMBERS - set(merged)
+        if missing:
+            raise ConfigError(f"{what}: missing {sorted(missing)} (USD)")
+        numbers = {k: _number(merged[k], f"{what} {k}", "USD") for k in _STORAGE_NUMBERS}
+        for text in ("provider", "region", "as_of", "source", "note"):
+            if not isinstance(merged.get(text, ""), str):
+                raise ConfigError(f"{what}: {text} must be a string")
+        out[str(scheme)] = StoragePrice(
+            scheme=str(scheme),
+            get_per_1000=numbers["get_per_1000"],
+            transfer_per_gb={t: numbers[f"transfer_{t}_per_gb"] for t in TRANSFERS},
+            provider=merged.get("provider", ""),
+            region=merged.get("region", ""),
+            as_of=merged.get("as_of", ""),
+            source=merged.get("source", ""),
+        )
+    return out
 
 
 def default_prices() -> PriceTable:

@@ -42,6 +42,9 @@ def run_status(ledger: Ledger, name: str) -> dict[str, Any]:
             "test_accuracy": v.test_accuracy,
             "test_loss": v.test_loss,
             "test_metrics": dict(v.test_metrics),
+            "data_bytes": v.data_bytes,
+            "data_requests": v.data_requests,
+            "written_bytes": v.written_bytes,
         }
         for v in views
     ]
@@ -75,6 +78,10 @@ def run_status(ledger: Ledger, name: str) -> dict[str, Any]:
         "checkpoint_failures": checkpoint_failures(attempts),
         "goodput": useful / trained if trained else None,
         "phases": phase_means(attempts),
+        # Every attempt's, merged or not: all of it crossed the network.
+        "data_bytes": sum(v.data_bytes for v in views),
+        "data_requests": sum(v.data_requests for v in views),
+        "written_bytes": sum(v.written_bytes for v in views),
         "created_at": run.created_at.isoformat(),
         "updated_at": run.updated_at.isoformat(),
         "history": history,

@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from vcdl.config import RunConfig
-from vcdl.data import open_dataset, read_arrays, shard_indices
+from vcdl.data import open_dataset, read_arrays, shard_indices, stream_rows
+from vcdl.data.stream import ByteCounter, ShardStream
 from vcdl.errors import StoreError
 from vcdl.ledger import Attempt
 from vcdl.merge.codec import encode
@@ -70,6 +71,10 @@ class AttemptOutcome:
     worker: str = ""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds per phase: claim, read, data (or data_ahead: read ahead), train, write, record."""
+    data_bytes: int = 0
+    """Bytes of training data this attempt fetched from the store."""
+    written_bytes: int = 0
+    """Bytes of tensors it wrote: its result and checkpoints."""
     reused: bool = False
     """An earlier finished attempt's stored result, handed to the merge again; nothing trained."""
 
@@ -117,12 +122,15 @@ class ShardData:
 
     key: tuple[str, int, int]
     """(run, epoch, shard) the rows belong to."""
-    arrays: dict[str, np.ndarray]
-    """The shard's rows, by field, in their stored dtypes."""
+    arrays: dict[str, np.ndarray] | ShardStream
+    """The shard's rows, by field, in their stored dtypes; or, for a split larger than
+    ``data.cache_mb``, a stream that reads them block by block as training goes."""
     model: nn.Module
     objective: Objective
     seconds: float
     """Time it took to read the rows and build the model."""
+    counter: ByteCounter = field(default_factory=ByteCounter)
+    """Bytes fetched from the store for these rows (a stream's grow as it is read)."""
 
 
 def load_shard(ref: RunRef, epoch: int, shard: int, config: RunConfig | None = None) -> ShardData:
@@ -132,24 +140,42 @@ def load_shard(ref: RunRef, epoch: int, shard: int, config: RunConfig | None = N
     while the worker's previous attempt still trains, so the next attempt's
     critical path starts at the claim (only the base weights must be read
     after it, to be the freshest head). Costs one shard's rows of memory
-    more while the two overlap.
+    more while the two overlap. A split larger than ``data.cache_mb`` is
+    not read here: the stream reads its chunks while the attempt trains.
     """
     t = time.perf_counter()
     store = ref.store()
     cfg = config if config is not None else ref.config()
     info = open_dataset(store, cfg.data.name)
     objective = objective_for(cfg.train)
-    rows = shard_indices(info.n_train, cfg.data.shards, cfg.run.seed, epoch, shard)
-    arrays = read_arrays(
-        store,
-        cfg.data.name,
-        "train",
-        rows,
-        fields=objective.fields or None,
-        cache_bytes=cfg.data.cache_mb << 20,
+    split = info.splits["train"]
+    block = split.rows_per_chunk if cfg.data.plan == "blocks" else None
+    rows = shard_indices(info.n_train, cfg.data.shards, cfg.run.seed, epoch, shard, block=block)
+    fields = objective.fields or None
+    budget = cfg.data.cache_mb << 20
+    decoded = split.rows * sum(
+        a.row_bytes for f, a in split.arrays.items() if f in (fields or split.arrays)
     )
+    arrays: dict[str, np.ndarray] | ShardStream
+    if decoded <= budget:
+        # Small data: the split is decoded once per process and indexed in memory.
+        counter = ByteCounter()
+        arrays = read_arrays(
+            store, cfg.data.name, "train", rows, fields=fields, cache_bytes=budget, counter=counter
+        )
+    else:
+        # Larger than the cache: read block by block while training, never whole.
+        arrays = stream_rows(store, cfg.data.name, "train", rows, fields=fields)
+        counter = arrays.counter
     model = build_model(cfg.model.factory, cfg.model.kwargs, hints=info.factory_hints())
-    return ShardData((ref.run, epoch, shard), arrays, model, objective, time.perf_counter() - t)
+    return ShardData(
+        (ref.run, epoch, shard), arrays, model, objective, time.perf_counter() - t, counter
+    )
+
+
+def state_bytes(state: StateDict) -> int:
+    """Bytes of a state dict's tensors: what writing it stores, before any codec's framing."""
+    return sum(t.numel() * t.element_size() for t in state.values())
 
 
 def resume_point(store: WeightStore, earlier: list[Attempt]) -> tuple[Attempt, StateDict] | None:
@@ -248,6 +274,7 @@ def run_attempt(
     if awaited:
         timings["await_merge"] = awaited
     own_checkpoint = False
+    written = ByteCounter()  # result and checkpoints, from the writer's thread too
     writer: CheckpointWriter | None = None
     version_state: StateDict | None = None
     try:
@@ -284,6 +311,7 @@ def run_attempt(
             )
             # The uri to delete: the checkpoint this one replaces, or this one
             # itself if the attempt is no longer running (then never recorded).
+            written.add(state_bytes(state), 0)
             stale = ledger.record_checkpoint(attempt.id, path, samples, seconds)
             own_checkpoint = own_checkpoint or stale != path
             if stale is not None:
@@ -351,6 +379,7 @@ def run_attempt(
                 "planned_samples": result.planned_samples,
             },
         )
+        written.add(state_bytes(stored), 0)
         timings["write"] = time.perf_counter() - t
         # A checkpoint still being written (it overlapped the result's write)
         # is recorded before the result, so the drop below deletes it.
@@ -370,6 +399,10 @@ def run_attempt(
             else None,
             # "record" itself cannot be in the row it writes; it is in the outcome.
             timings=timings,
+            # A stream's bytes were fetched during training; a cached split's at load.
+            data_bytes=data.counter.bytes,
+            data_requests=data.counter.requests,
+            written_bytes=written.bytes,
         )
         timings["record"] = time.perf_counter() - t
         _UNMERGED[ref.run] = attempt.id
@@ -384,7 +417,16 @@ def run_attempt(
         try:
             if writer is not None:
                 _close_writer(writer, timings)
-            ledger.finish_attempt(attempt.id, state="failed", reason=f"{type(exc).__name__}: {exc}")
+            own = data.counter if data is not None and data.key == (ref.run, epoch, shard) else None
+            ledger.finish_attempt(
+                attempt.id,
+                state="failed",
+                reason=f"{type(exc).__name__}: {exc}",
+                # What it read and wrote before failing was paid for all the same.
+                data_bytes=own.bytes if own is not None else None,
+                data_requests=own.requests if own is not None else None,
+                written_bytes=written.bytes,
+            )
             if own_checkpoint:  # a failed attempt is not resumed
                 drop_checkpoint(ref, attempt.id)
         finally:
@@ -401,4 +443,6 @@ def run_attempt(
         train_seconds=result.train_seconds,
         worker=attempt.worker,
         timings=timings,
+        data_bytes=data.counter.bytes,
+        written_bytes=written.bytes,
     )

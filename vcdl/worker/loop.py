@@ -14,9 +14,10 @@ its loss, its metrics.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 
 from vcdl.config import TrainSection
+from vcdl.data.stream import ShardStream
 from vcdl.objectives import Objective, objective_for, to_batch
 from vcdl.types import StateDict
 
@@ -107,7 +109,7 @@ Checkpoint = Callable[[StateDict, int, float], None]
 def train_attempt(
     model: nn.Module,
     base: StateDict,
-    arrays: Mapping[str, np.ndarray],
+    arrays: Mapping[str, np.ndarray] | ShardStream,
     cfg: TrainSection,
     seed: int,
     should_stop: Callable[[], bool] | None = None,
@@ -120,7 +122,9 @@ def train_attempt(
 ) -> TrainResult:
     """Train ``model`` from ``base`` on the shard's ``arrays`` and return the new state.
 
-    ``arrays`` are the shard's rows by field, in their stored dtypes; the
+    ``arrays`` are the shard's rows by field, in their stored dtypes, or a
+    :class:`~vcdl.data.stream.ShardStream` read block by block (a split too
+    large for the worker's cache: the shard is never held whole); the
     ``objective`` (default: the run's, ``cfg.objective``) forms each batch
     from them and gives the loss.
 
@@ -142,12 +146,16 @@ def train_attempt(
     fit this model and optimizer is ignored.
     """
     objective = objective if objective is not None else objective_for(cfg)
-    fields = objective.fields or tuple(arrays)
-    rows = {len(arrays[f]) for f in fields}
-    if len(rows) != 1:
-        sizes = ", ".join(f"{f} {len(arrays[f])}" for f in fields)
-        raise ValueError(f"the shard's arrays differ in rows ({sizes})")
-    n = rows.pop()
+    if isinstance(arrays, ShardStream):
+        fields = objective.fields or arrays.fields
+        n = arrays.rows
+    else:
+        fields = objective.fields or tuple(arrays)
+        rows = {len(arrays[f]) for f in fields}
+        if len(rows) != 1:
+            sizes = ", ".join(f"{f} {len(arrays[f])}" for f in fields)
+            raise ValueError(f"the shard's arrays differ in rows ({sizes})")
+        n = rows.pop()
     planned = n * cfg.local_epochs
     if not 0 <= start_samples <= planned:
         raise ValueError(f"start_samples {start_samples} is outside [0, {planned}]")
@@ -157,7 +165,11 @@ def train_attempt(
     model.train()
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
-    data = to_batch({f: arrays[f] for f in fields}, device)
+    data = (
+        None
+        if isinstance(arrays, ShardStream)
+        else to_batch({f: arrays[f] for f in fields}, device)
+    )
     opt = make_optimizer([p for p in model.parameters() if p.requires_grad], cfg)
     if optimizer_state is not None and not carry(opt, optimizer_state):
         # Said, not silent: train.optimizer_state = "worker" doing nothing
@@ -179,33 +191,40 @@ def train_attempt(
     last_checkpoint = start
     every = checkpoint_seconds() if callable(checkpoint_seconds) else checkpoint_seconds
     for epoch in range(cfg.local_epochs):
-        # Drawn for every local epoch, skipped or not: the same order as an
-        # attempt that was never interrupted.
-        # On the device once per epoch: slicing it there needs no copy per step.
-        order = torch.randperm(n, generator=gen).to(device)
         seen = min(n, max(0, start_samples - epoch * n))
-        for i in range(0, n, cfg.batch_size):
-            if i < seen:
-                continue
-            if should_stop is not None and should_stop():
-                interrupted = True
-                break
-            idx = order[i : i + cfg.batch_size]
-            batch = objective.prepare({f: t[idx] for f, t in data.items()})
-            opt.zero_grad(set_to_none=True)
-            with amp:
-                loss = objective.loss(model, batch)
-            loss.backward()
-            opt.step()
-            total_loss += loss.detach().float() * len(idx)
-            trained += len(idx)
-            now = time.perf_counter()
-            if checkpoint is not None and every is not None and now - last_checkpoint >= every:
-                checkpoint(snapshot(model), start_samples + trained, now - start - paused)
-                last_checkpoint = time.perf_counter()
-                paused += last_checkpoint - now
-                if callable(checkpoint_seconds):
-                    every = checkpoint_seconds()
+        # The order is drawn for every local epoch, skipped or not: the same
+        # order as an attempt that was never interrupted.
+        if isinstance(arrays, ShardStream):
+            block_order = torch.randperm(len(arrays.sizes), generator=gen).tolist()
+            batches = _streamed_batches(
+                arrays, fields, block_order, seed, epoch, seen, cfg.batch_size, device
+            )
+        else:
+            assert data is not None
+            # On the device once per epoch: slicing it there needs no copy per step.
+            order = torch.randperm(n, generator=gen).to(device)
+            batches = _batches(data, order, seen, cfg.batch_size)
+        with contextlib.closing(batches):
+            for raw in batches:
+                if should_stop is not None and should_stop():
+                    interrupted = True
+                    break
+                size = len(next(iter(raw.values())))
+                batch = objective.prepare(raw)
+                opt.zero_grad(set_to_none=True)
+                with amp:
+                    loss = objective.loss(model, batch)
+                loss.backward()
+                opt.step()
+                total_loss += loss.detach().float() * size
+                trained += size
+                now = time.perf_counter()
+                if checkpoint is not None and every is not None and now - last_checkpoint >= every:
+                    checkpoint(snapshot(model), start_samples + trained, now - start - paused)
+                    last_checkpoint = time.perf_counter()
+                    paused += last_checkpoint - now
+                    if callable(checkpoint_seconds):
+                        every = checkpoint_seconds()
         if interrupted:
             break
     seconds = time.perf_counter() - start - paused
@@ -218,6 +237,56 @@ def train_attempt(
         planned_samples=planned,
         optimizer_state=opt.state_dict(),
     )
+
+
+def _batches(
+    data: Mapping[str, torch.Tensor], order: torch.Tensor, seen: int, batch_size: int
+) -> Generator[dict[str, torch.Tensor], None, None]:
+    """One local epoch's batches of an in-memory shard, in ``order``, after ``seen`` samples."""
+    for i in range(seen, len(order), batch_size):
+        idx = order[i : i + batch_size]
+        yield {f: t[idx] for f, t in data.items()}
+
+
+def _streamed_batches(
+    stream: ShardStream,
+    fields: tuple[str, ...],
+    block_order: list[int],
+    seed: int,
+    local_epoch: int,
+    seen: int,
+    batch_size: int,
+    device: torch.device,
+) -> Generator[dict[str, torch.Tensor], None, None]:
+    """One local epoch's batches of a streamed shard, after ``seen`` samples.
+
+    Blocks come in ``block_order``, each block's rows in an order seeded by
+    (seed, local epoch, block), so a resumed attempt sees the batches an
+    uninterrupted one would; batches run across block boundaries. Blocks
+    wholly seen are not read.
+    """
+    sizes = stream.sizes
+    k, pos = 0, 0
+    while k < len(block_order) and pos + sizes[block_order[k]] <= seen:
+        pos += sizes[block_order[k]]
+        k += 1
+    skip = seen - pos
+    carry: dict[str, torch.Tensor] | None = None
+    blocks = stream.blocks(block_order[k:])
+    with contextlib.closing(blocks):
+        for b, block in zip(block_order[k:], blocks, strict=True):
+            rows = np.random.default_rng([seed, local_epoch, b]).permutation(sizes[b])[skip:]
+            skip = 0
+            got = to_batch({f: block[f][rows] for f in fields}, device)
+            if carry is not None:
+                got = {f: torch.cat([carry[f], got[f]]) for f in fields}
+            m, i = len(got[fields[0]]), 0
+            while m - i >= batch_size:
+                yield {f: t[i : i + batch_size] for f, t in got.items()}
+                i += batch_size
+            carry = {f: t[i:] for f, t in got.items()} if i < m else None
+    if carry is not None:
+        yield carry
 
 
 @torch.no_grad()
