@@ -78,8 +78,9 @@ from vcdl.driver.epoch_events import (
     fact,
 )
 from vcdl.driver.epoch_state import EpochState, settle
+from vcdl.driver.gc import collect
 from vcdl.driver.head_cache import run_head_cache
-from vcdl.errors import EpochFailed
+from vcdl.errors import EpochFailed, StoreError
 from vcdl.merge.rules import merge_rule
 from vcdl.objectives import objective_for
 from vcdl.runtime import RunRef
@@ -123,6 +124,7 @@ class EpochExecutor:
         self.overhead: dict[str, dict[str, float]] = {}
         self.base: int | None = None
         self.duplicates = 0  # recorded when the epoch settles
+        self.merged_since_gc = 0
         # Set when run by flows/workarounds/pipeline.py: wait for the previous
         # epoch's barrier before acting, say when only the last results are left.
         self.gate = current_gate()
@@ -319,6 +321,9 @@ class EpochExecutor:
             self.ledger.add_timings(attempt_id, phases | overhead)
         if outcome.kind == "merged":
             self.progress()
+            self.merged_since_gc += 1
+            if self.merged_since_gc >= max(1, self.cfg.cluster.workers):
+                self._prune()
         lost = outcome.kind in ("rejected", "skipped")
         return MergeDone(
             key,
@@ -397,6 +402,18 @@ class EpochExecutor:
                 store.delete(step.result_uri)
             self.duplicates += 1
 
+    def _prune(self) -> None:
+        """Apply the retention policy (store.keep): once per `workers` merges and at the
+        barrier, so the store holds about as many versions as the policy keeps plus one
+        per worker. A store error leaves leftovers the next pass (or `vcdl gc`) deletes."""
+        self.merged_since_gc = 0
+        if self.cfg.store.keep.all:
+            return
+        try:
+            collect(self.ref, self.cfg, measure=False)
+        except StoreError as exc:
+            self.log.warning("retention pass failed (the next one retries): %s", exc)
+
     def _unevaluated_previous(self) -> tuple[int, int] | None:
         """(epoch, version) of the previous epoch's barrier head if it has no evaluation yet.
 
@@ -465,6 +482,7 @@ class EpochExecutor:
                 f"({'; '.join(reasons)[:500]}); fix the cause and `vcdl resume {self.ref.run}`"
             )
         self._settle()
+        self._prune()
         head = self.ledger.get_run(self.ref.run).head_version
         # The last epoch has no next one to overlap with: evaluate it now, before
         # the run counts it as done (a resumed driver then evaluates it again).
