@@ -196,7 +196,7 @@ def test_keep_config() -> None:
     cfg = parse_config({"store": {"keep": {"every": 10, "latest": 2}}})
     assert cfg.store.keep == KeepSection(every=10, latest=2)
     assert parse_config({}).store.keep == KeepSection()
-    with pytest.raises(ConfigError, match="store.keep.evry: unknown key"):
+    with pytest.raises(ConfigError, match=r"store\.keep\.evry: unknown key"):
         parse_config({"store": {"keep": {"evry": 3}}})
-    with pytest.raises(ConfigError, match="store.keep.every"):
+    with pytest.raises(ConfigError, match=r"store\.keep\.every"):
         parse_config({"store": {"keep": {"every": -1}}})
