@@ -482,11 +482,12 @@ class EpochExecutor:
                 f"({'; '.join(reasons)[:500]}); fix the cause and `vcdl resume {self.ref.run}`"
             )
         self._settle()
-        self._prune()
         head = self.ledger.get_run(self.ref.run).head_version
         # The last epoch has no next one to overlap with: evaluate it now, before
         # the run counts it as done (a resumed driver then evaluates it again).
         ev = self._evaluate(self.epoch, head) if self.final else None
+        # After the evaluation: the best version may have changed with it.
+        self._prune()
         self.ledger.update_run(self.ref.run, epochs_completed=self.epoch + 1)
         if self.gate is not None:
             self.gate.passed.set()  # the barrier: the next epoch may act
