@@ -143,9 +143,11 @@ def storage(args: argparse.Namespace) -> dict[str, Any]:
         # One home for both: the first run's holds the ephemeral Prefect
         # server's database, which the process keeps using afterwards.
         home = Path(tmp)
-        for keep in ({}, {"all": True}):
-            runs.append(_storage_run(args, keep, home))
-    default = runs[0]
+        for policy in args.policies:
+            runs.append(_storage_run(args, {"all": True} if policy == "all" else {}, home))
+    default = next((r for r in runs if r["policy"] == "default"), None)
+    if default is None:
+        raise SystemExit("scale.py: the storage targets are about the default policy")
     after_limit = (args.epochs + 3) * model_bytes
     during_limit = (args.epochs + 3 + 2 * args.workers) * model_bytes
     return {
@@ -178,7 +180,7 @@ def print_storage(r: dict[str, Any]) -> None:
             f"{run['after_bytes'] / 1e9:>9.2f} {run['after_bytes'] / mb:>8.2f} "
             f"{run['peak_bytes'] / 1e9:>8.2f} {run['peak_bytes'] / mb:>8.2f} {run['wall_s']:>7}"
         )
-    default = r["runs"][0]
+    default = next(run for run in r["runs"] if run["policy"] == "default")
     for label, got, limit, met in (
         ("after the run", default["after_bytes"], r["after_limit_bytes"], r["after_met"]),
         ("during the run", default["peak_bytes"], r["during_limit_bytes"], r["during_met"]),
@@ -203,6 +205,13 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--attempt-seconds", type=float, default=1.0)
     p.add_argument("--sample-seconds", type=float, default=0.1)
+    p.add_argument(
+        "--policies",
+        nargs="+",
+        choices=["default", "all"],
+        default=["default", "all"],
+        help="storage: the retention policies to run, in this order",
+    )
     p.add_argument("--quick", action="store_true", help="CI: 2M parameters, 2 epochs, 2 shards")
     p.add_argument("--json", action="store_true", help="print only the JSON summary")
     args = p.parse_args()
