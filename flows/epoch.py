@@ -125,6 +125,8 @@ class EpochExecutor:
         self.base: int | None = None
         self.duplicates = 0  # recorded when the epoch settles
         self.merged_since_gc = 0
+        # The version the barrier's evaluation reads while this epoch merges: kept.
+        self.evaluating: set[int] = set()
         # Set when run by flows/workarounds/pipeline.py: wait for the previous
         # epoch's barrier before acting, say when only the last results are left.
         self.gate = current_gate()
@@ -410,7 +412,7 @@ class EpochExecutor:
         if self.cfg.store.keep.all:
             return
         try:
-            collect(self.ref, self.cfg, measure=False)
+            collect(self.ref, self.cfg, measure=False, hold=self.evaluating)
         except StoreError as exc:
             self.log.warning("retention pass failed (the next one retries): %s", exc)
 
@@ -458,6 +460,7 @@ class EpochExecutor:
                 min(merged) - 1 if merged else self.ledger.get_run(self.ref.run).head_version
             )
         previous = self._unevaluated_previous()  # before the leftovers are merged
+        self.evaluating = {previous[1]} if previous is not None else set()
         self.feed(self._opened())
         self._tell_gate()  # few shards left (resumed, deferred): maybe in the tail already
         started = time.perf_counter()
@@ -474,6 +477,7 @@ class EpochExecutor:
             self.drain()
             if evaluation is not None:
                 evaluation.result()  # raises what the evaluation raised
+        self.evaluating = set()
         subs = self.ledger.subtasks(self.ref.run, self.epoch)
         if not any(s.state == "merged" for s in subs):
             reasons = sorted({s.reason or "" for s in subs if s.state == "failed"})

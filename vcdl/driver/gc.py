@@ -25,6 +25,7 @@ finishes the job.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -63,8 +64,15 @@ class GcReport:
         return asdict(self)
 
 
-def version_facts(ref: RunRef, cfg: RunConfig) -> tuple[VersionFacts, list[Version]]:
-    """The ledger's facts for the policy, read in the safe order (see the module doc)."""
+def version_facts(
+    ref: RunRef, cfg: RunConfig, hold: Collection[int] = ()
+) -> tuple[VersionFacts, list[Version]]:
+    """The ledger's facts for the policy, read in the safe order (see the module doc).
+
+    ``hold``: versions the caller is about to read (the driver's evaluation
+    of an epoch's barrier head, which a shard deferred by the quorum policy
+    and merged meanwhile stops being the epoch's last version).
+    """
     ledger = ref.ledger()
     run = ledger.get_run(ref.run)
     versions = ledger.versions(ref.run)
@@ -86,7 +94,7 @@ def version_facts(ref: RunRef, cfg: RunConfig) -> tuple[VersionFacts, list[Versi
     facts = VersionFacts(
         epochs={v.number: v.epoch for v in versions},
         head=run.head_version,
-        needed=attempt_bases(attempts, subtasks),
+        needed=attempt_bases(attempts, subtasks) | frozenset(hold),
         best=best,
         open_epochs=frozenset(s.epoch for s in subtasks if s.state not in TERMINAL_SUBTASK_STATES),
     )
@@ -94,15 +102,21 @@ def version_facts(ref: RunRef, cfg: RunConfig) -> tuple[VersionFacts, list[Versi
 
 
 def collect(
-    ref: RunRef, cfg: RunConfig, *, dry_run: bool = False, measure: bool = True
+    ref: RunRef,
+    cfg: RunConfig,
+    *,
+    dry_run: bool = False,
+    measure: bool = True,
+    hold: Collection[int] = (),
 ) -> GcReport:
     """One retention pass over run ``ref.run`` under ``cfg.store.keep`` (see the module doc).
 
     ``measure``: count the bytes freed and the run's bytes left (a listing of
     every object deleted: off for the pass after each merge of a run).
+    ``hold``: versions kept whatever the policy says (see :func:`version_facts`).
     """
     ledger, store = ref.ledger(), ref.store()
-    facts, versions = version_facts(ref, cfg)
+    facts, versions = version_facts(ref, cfg, hold)
     policy = cfg.store.keep
     report = GcReport(ref.run, dry_run, kept=sorted(versions_to_keep(policy, facts)))
     by_number = {v.number: v for v in versions}
