@@ -321,7 +321,8 @@ def run_vcdl(
     from vcdl.views.cost import cost_report
     from vcdl.views.goodput import salvaged_attempts, salvaged_seconds, useful_training_seconds
 
-    cfg = cfg.with_locations(home)
+    # Every version is evaluated afterwards for the curve: none may be pruned.
+    cfg = cfg.with_locations(home).updated(store={"keep": {"all": True}})
     assert cfg.store.url is not None
     import_npz(open_store(cfg.store.url), npz, cfg.data.name, num_classes=10)
     started = time.time()

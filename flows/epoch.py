@@ -78,8 +78,9 @@ from vcdl.driver.epoch_events import (
     fact,
 )
 from vcdl.driver.epoch_state import EpochState, settle
+from vcdl.driver.gc import collect
 from vcdl.driver.head_cache import run_head_cache
-from vcdl.errors import EpochFailed
+from vcdl.errors import EpochFailed, StoreError
 from vcdl.merge.rules import merge_rule
 from vcdl.metrics.exporter import note_event, note_kill
 from vcdl.objectives import objective_for
@@ -124,6 +125,9 @@ class EpochExecutor:
         self.overhead: dict[str, dict[str, float]] = {}
         self.base: int | None = None
         self.duplicates = 0  # recorded when the epoch settles
+        self.merged_since_gc = 0
+        # The version the barrier's evaluation reads while this epoch merges: kept.
+        self.evaluating: set[int] = set()
         # Set when run by flows/workarounds/pipeline.py: wait for the previous
         # epoch's barrier before acting, say when only the last results are left.
         self.gate = current_gate()
@@ -322,6 +326,9 @@ class EpochExecutor:
             self.ledger.add_timings(attempt_id, phases | overhead)
         if outcome.kind == "merged":
             self.progress()
+            self.merged_since_gc += 1
+            if self.merged_since_gc >= max(1, self.cfg.cluster.workers):
+                self._prune()
         lost = outcome.kind in ("rejected", "skipped")
         return MergeDone(
             key,
@@ -400,6 +407,18 @@ class EpochExecutor:
                 store.delete(step.result_uri)
             self.duplicates += 1
 
+    def _prune(self) -> None:
+        """Apply the retention policy (store.keep): once per `workers` merges and at the
+        barrier, so the store holds about as many versions as the policy keeps plus one
+        per worker. A store error leaves leftovers the next pass (or `vcdl gc`) deletes."""
+        self.merged_since_gc = 0
+        if self.cfg.store.keep.all:
+            return
+        try:
+            collect(self.ref, self.cfg, measure=False, hold=self.evaluating)
+        except StoreError as exc:
+            self.log.warning("retention pass failed (the next one retries): %s", exc)
+
     def _unevaluated_previous(self) -> tuple[int, int] | None:
         """(epoch, version) of the previous epoch's barrier head if it has no evaluation yet.
 
@@ -444,6 +463,7 @@ class EpochExecutor:
                 min(merged) - 1 if merged else self.ledger.get_run(self.ref.run).head_version
             )
         previous = self._unevaluated_previous()  # before the leftovers are merged
+        self.evaluating = {previous[1]} if previous is not None else set()
         self.feed(self._opened())
         self._tell_gate()  # few shards left (resumed, deferred): maybe in the tail already
         started = time.perf_counter()
@@ -460,6 +480,7 @@ class EpochExecutor:
             self.drain()
             if evaluation is not None:
                 evaluation.result()  # raises what the evaluation raised
+        self.evaluating = set()
         subs = self.ledger.subtasks(self.ref.run, self.epoch)
         if not any(s.state == "merged" for s in subs):
             reasons = sorted({s.reason or "" for s in subs if s.state == "failed"})
@@ -472,6 +493,8 @@ class EpochExecutor:
         # The last epoch has no next one to overlap with: evaluate it now, before
         # the run counts it as done (a resumed driver then evaluates it again).
         ev = self._evaluate(self.epoch, head) if self.final else None
+        # After the evaluation: the best version may have changed with it.
+        self._prune()
         self.ledger.update_run(self.ref.run, epochs_completed=self.epoch + 1)
         if self.gate is not None:
             self.gate.passed.set()  # the barrier: the next epoch may act

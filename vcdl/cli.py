@@ -144,6 +144,15 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("run")
     a.add_argument("--deep", action="store_true", help="verify every version's checksums")
 
+    g = sub.add_parser(
+        "gc",
+        parents=reporting,
+        help="apply the run's retention policy (store.keep): prune versions, delete dead "
+        "results and checkpoints, report the bytes freed",
+    )
+    g.add_argument("run")
+    g.add_argument("--dry-run", action="store_true", help="report what would go; change nothing")
+
     e = sub.add_parser("export", parents=reporting, help="write a version as .safetensors or .pt")
     e.add_argument("run")
     e.add_argument("--version", type=int, help="version number (default: head)")
@@ -639,6 +648,13 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"audit of {args.run}: {len(problems)} violation(s)", file=sys.stderr)
             return 1
         print(f"audit of {args.run}: ok")
+        return 0
+    if args.command == "gc":
+        from vcdl.driver.gc import collect, format_report
+
+        gc = collect(ref, ref.config(), dry_run=args.dry_run)
+        if not report(args, gc.to_dict()):
+            print(format_report(gc))
         return 0
     if args.command == "export":
         from vcdl.driver.runs import export_version

@@ -326,7 +326,42 @@ class ClusterSection(_Section):
         return value
 
 
+class KeepSection(_Section):
+    """Which model versions keep their weights in the store (see docs/configuration.md).
+
+    Always kept, whatever is set here: v0, the head, each epoch's last
+    version, the best evaluated version, and every version an attempt in
+    flight, a resumable checkpoint or an unmerged result may still read (its
+    base). The rest is pruned during the run and by ``vcdl gc``: the ledger
+    keeps each pruned version's row (lineage, alpha, staleness, checksum).
+    """
+
+    all: bool = Field(
+        False,
+        description="Keep every version's weights (no pruning): each merge adds a full copy "
+        "of the model to the store.",
+    )
+    every: int = Field(
+        0,
+        ge=0,
+        le=1_000_000_000,
+        description="Also keep every Nth version (v0, vN, v2N...); 0 = none besides those "
+        "always kept.",
+    )
+    latest: int = Field(
+        0,
+        ge=0,
+        le=1_000_000_000,
+        description="Also keep the newest N versions; 0 = none besides those always kept.",
+    )
+
+
 class StoreSection(_Section):
+    keep: KeepSection = Field(
+        default_factory=KeepSection,
+        description="Retention: which versions keep their weights (v0, the head, epoch ends, "
+        "the best and what attempts still need are always kept).",
+    )
     url: str | None = Field(
         None, description="Weight store: a directory or s3://bucket/prefix; empty = <home>/store."
     )
@@ -564,13 +599,15 @@ def format_error(exc: ValidationError) -> str:
 
 
 def _allowed_keys(section: str) -> list[str]:
-    if not section:
-        return list(RunConfig.model_fields)
-    field = RunConfig.model_fields.get(section)
-    model = field.annotation if field is not None else None
-    if isinstance(model, type) and issubclass(model, BaseModel):
-        return list(model.model_fields)
-    return list(RunConfig.model_fields)
+    # A dotted section (store.keep) is walked down from the top.
+    model: Any = RunConfig
+    for part in section.split(".") if section else []:
+        field = model.model_fields.get(part)
+        inner = field.annotation if field is not None else None
+        if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
+            return list(RunConfig.model_fields)
+        model = inner
+    return list(model.model_fields)
 
 
 def parse_config(data: Mapping[str, Any]) -> RunConfig:

@@ -87,6 +87,12 @@ class VersionNotFound(LedgerError, LookupError):
     exit_code = 2
 
 
+class VersionPruned(LedgerError, LookupError):
+    """The version's weights were let go by the retention policy (its row stays)."""
+
+    exit_code = 2
+
+
 class UnsupportedLedger(LedgerError, ValueError):
     """The ledger URL names a database vcdl does not run on."""
 

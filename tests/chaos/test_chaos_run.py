@@ -23,8 +23,10 @@ import pytest
 
 from vcdl import api
 from vcdl.config import load_config
+from vcdl.driver.retrain import pick_version
 from vcdl.driver.runs import clean_orphans
 from vcdl.ledger import Ledger
+from vcdl.store.paths import versions_prefix
 from vcdl.views.audit import audit_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -174,6 +176,14 @@ def test_chaos_run_matches_fault_free(prefect_api: None, tmp_path: Path) -> None
     # Nothing the killed workers wrote and never recorded is left to pay for:
     # the finished run swept it (a second sweep finds nothing).
     assert clean_orphans(ref) == []
+    # Retention across the kills and the resume: exactly v0, each epoch's last
+    # version and the best keep their weights (store.keep's default).
+    ledger = ref.ledger()
+    best = pick_version("best", ledger.get_run("chaos").head_version, ledger.evaluations("chaos"))
+    ends = {ledger.barrier_head("chaos", e) for e in range(10)}
+    kept = {v.number for v in ledger.versions("chaos") if v.pruned_at is None}
+    assert kept == {0, best} | ends
+    assert len(ref.store().list(versions_prefix("chaos"))) == len(kept)
     # A killed attempt is billed until its worker died (the scheduler's record
     # of the removal), not until the driver found out, often after the re-run.
     kills: dict[str, list[float]] = {}

@@ -2,7 +2,7 @@
 
 ``overhead.py`` and ``time_to_accuracy.py`` have tests of their own; these
 run ``weights_io.py``, ``ledger.py``, ``allocator.py``, ``task_engine.py``,
-``rules.py``, ``fleet.py``, ``big_merge.py`` and ``scale_data.py`` with ``--quick`` in a
+``rules.py``, ``fleet.py``, ``big_merge.py``, ``scale_data.py`` and ``scale.py`` with ``--quick`` in a
 subprocess and
 check the one-line JSON summary each ends with. Timings are not asserted (a
 shared CI machine), only what a run must always show; the allocator's page
@@ -123,3 +123,17 @@ def test_scale_data_quick() -> None:
     assert ratio["rows/2"] >= 1.99
     assert ratio["blocks/2"] <= 1.25 and ratio["blocks/4"] <= 1.5
     assert res["memory_above_gb"] <= 0.5 and res["memory_met"]
+
+
+def test_scale_quick() -> None:
+    res = _run("scale.py")
+    assert res["benchmark"] == "scale"
+    s = res["storage"]
+    default, every = s["runs"]
+    assert default["policy"] == "default" and every["policy"] == "all"
+    # 2 epochs of 2 shards: v0..v4. `all` keeps them all; the default v0 and the
+    # epochs' last versions (the best is one of them).
+    assert every["kept_versions"] == [0, 1, 2, 3, 4]
+    assert default["kept_versions"] == [0, 2, 4]
+    assert default["after_bytes"] < every["after_bytes"]
+    assert s["after_met"] and s["during_met"], s

@@ -55,8 +55,32 @@ def test_a_finished_run_leaves_no_unrecorded_groups(trained: dict[str, Any]) -> 
     store = ref.store()
     assert not any(store.exists(p) for p in LOST)
     # What the ledger names stays: every version, nothing else under results.
-    assert len(store.list(versions_prefix("it-run"))) == len(ref.ledger().versions("it-run"))
+    # Versions the retention policy pruned keep their rows, not their groups.
+    kept = [v for v in ref.ledger().versions("it-run") if v.pruned_at is None]
+    assert len(store.list(versions_prefix("it-run"))) == len(kept)
     assert store.list(results_prefix("it-run")) == []
+
+
+def _retention_holds(ref: Any) -> None:
+    """A finished run keeps exactly v0, each epoch's last version and the best (store.keep's
+    default), in the ledger and in the store; `vcdl gc` then finds nothing to do."""
+    from vcdl.driver.gc import collect
+    from vcdl.driver.retrain import pick_version
+
+    ledger = ref.ledger()
+    run = ledger.get_run(ref.run)
+    best = pick_version("best", run.head_version, ledger.evaluations(ref.run))
+    ends = {ledger.barrier_head(ref.run, e) for e in range(run.epochs_completed)}
+    kept = {v.number for v in ledger.versions(ref.run) if v.pruned_at is None}
+    assert kept == {0, best} | ends
+    stored = {int(n.split("-", 1)[0]) for n in ref.store().list(versions_prefix(ref.run))}
+    assert stored == kept
+    report = collect(ref, ref.config(), dry_run=True)
+    assert report.pruned == [] and report.groups == [] and report.bytes_freed == 0
+
+
+def test_retention_keeps_v0_the_epoch_ends_and_the_best(trained: dict[str, Any]) -> None:
+    _retention_holds(api.run_ref("it-run", home=trained["home"]))
 
 
 def test_run_completes_with_history(trained: dict[str, Any]) -> None:
@@ -191,3 +215,4 @@ def test_resume_extends_epochs(trained: dict[str, Any]) -> None:
     out = api.train(cfg, home=trained["home"])
     assert out["epochs_completed"] == 3 and out["head_version"] == 12
     assert audit_run(api.run_ref("it-run", home=trained["home"])) == []
+    _retention_holds(api.run_ref("it-run", home=trained["home"]))  # across the resume

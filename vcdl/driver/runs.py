@@ -26,7 +26,7 @@ from vcdl.data import (
     open_dataset,
     read_arrays,
 )
-from vcdl.errors import ConfigError, DataError
+from vcdl.errors import ConfigError, DataError, VersionPruned
 from vcdl.ledger import Evaluation, Run
 from vcdl.models import build_model
 from vcdl.objectives import objective_for
@@ -208,6 +208,14 @@ def load_version(ref: RunRef, number: int | None = None) -> tuple[int, dict[str,
     recorded when it was made (:class:`~vcdl.errors.ChecksumMismatch` if rewritten since)."""
     ledger = ref.ledger()
     row = ledger.head(ref.run) if number is None else ledger.get_version(ref.run, number)
+    if row.pruned_at is not None:
+        kept = [v.number for v in ledger.versions(ref.run) if v.pruned_at is None]
+        shown = ", ".join(f"v{n}" for n in kept[-10:])
+        raise VersionPruned(
+            f"version {row.number} of run {ref.run!r} was pruned by the retention policy "
+            f"(store.keep) at {row.pruned_at:%Y-%m-%d %H:%M:%S} UTC: its lineage stays in the "
+            f"ledger, its weights are gone; kept versions include {shown}"
+        )
     return row.number, ref.store().read_state(row.uri, expect=row.checksum)
 
 

@@ -142,7 +142,7 @@ class MergeQueries(VersionQueries):
                 version
                 | {"subtask_id": row.subtask_id, "attempt_id": attempt_id, "epoch": row.epoch}
                 | {"alpha": alpha, "staleness": staleness, "uri": uri, "checksum": checksum}
-                | {"created_at": now},
+                | {"created_at": now, "pruned_at": None},
             )
 
         def conflict() -> LedgerError:

@@ -160,6 +160,12 @@ class Version(SQLModel, table=True):
     uri: str
     checksum: str
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    # When the retention policy (store.keep) let the version's weights go:
+    # from then on nothing reads its group (export and evaluate refuse it),
+    # its row stays as lineage. Set *before* the bytes are deleted, so a kill
+    # in between leaves leftover bytes (deleted by the next `vcdl gc`), never
+    # a version the ledger offers whose bytes are gone.
+    pruned_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
 class Evaluation(SQLModel, table=True):

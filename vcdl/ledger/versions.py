@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-from sqlalchemy import Connection, func, insert, or_, select
+from sqlalchemy import Connection, func, insert, or_, select, update
 
 from vcdl.ledger import models
 from vcdl.ledger.base import _EVAL, _PG_HEAD, _VER, _VERSION_ROW, LedgerBase
@@ -38,6 +38,39 @@ class VersionQueries(LedgerBase):
             stmt = stmt.where(_VER.c.epoch == epoch)
         stmt = stmt.order_by(_VER.c.number)
         return self._db.read(lambda c: self._rows_of_run(c, Version, stmt, name))
+
+    def mark_pruned(self, name: str, numbers: Iterable[int]) -> list[int]:
+        """Record versions ``numbers`` as pruned now; returns those this call marked.
+
+        The head and v0 are never marked, whatever is asked (the head may have
+        moved since the caller looked: only forward, onto a version it did not
+        ask about), nor a version marked already (a second gc finishing the
+        first's work marks nothing twice). Marking comes *before* deleting the
+        bytes (:mod:`vcdl.driver.gc`): a reader obeys the mark.
+        """
+        wanted = sorted({int(n) for n in numbers})
+
+        def tx(c: Connection) -> list[int]:
+            run = self._get_run(c, name)
+            now = models.utcnow()
+            marked: list[int] = []
+            for i in range(0, len(wanted), 500):  # SQLite's bound on parameters
+                stmt = (
+                    update(_VER)
+                    .where(
+                        _VER.c.run == name,
+                        _VER.c.number.in_(wanted[i : i + 500]),
+                        _VER.c.number != run.head_version,
+                        _VER.c.number != 0,
+                        _VER.c.pruned_at.is_(None),
+                    )
+                    .values(pruned_at=now)
+                    .returning(_VER.c.number)
+                )
+                marked.extend(int(n) for n in c.execute(stmt).scalars())
+            return sorted(marked)
+
+        return self._db.write(tx) if wanted else []
 
     def barrier_head(self, name: str, epoch: int) -> int:
         """The version epoch ``epoch`` ended on: the newest of an epoch up to it (v0 has none).

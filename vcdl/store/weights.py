@@ -404,6 +404,38 @@ class WeightStore:
 
         return self._run(exists(), "reading", uri)
 
+    def nbytes(self, path: str = "") -> int:
+        """Bytes of every object under ``path`` (the whole store for ``""``); 0 if none.
+
+        What the store holds on disk or in the bucket, metadata included:
+        what retention frees and what a user pays for.
+        """
+        rel = self._rel(path, allow_root=True)
+
+        async def size() -> int:
+            if isinstance(self._store, LocalStore):
+                base = os.path.join(self._url, rel)
+
+                def walk() -> int:
+                    total = 0
+                    for root, _, names in os.walk(base):
+                        for name in names:
+                            with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
+                                total += os.stat(os.path.join(root, name)).st_size
+                    return total
+
+                return await asyncio.to_thread(walk)
+            fs = self._store.fs
+            full = f"{self._store.path}/{rel}".rstrip("/")
+            fs.invalidate_cache(full)
+            try:
+                found = await fs._find(full, detail=True)
+            except FileNotFoundError:
+                return 0
+            return sum(int(info.get("size") or 0) for info in found.values())
+
+        return self._run(size(), "measuring", self.uri(rel))
+
     def list(self, prefix: str) -> list[str]:
         """Sorted names of the nodes directly under ``prefix`` (complete or not).
 

@@ -19,8 +19,11 @@ def audit_run(ref: RunRef, deep: bool = False) -> list[str]:
     Checks: the head is a complete, checksummed version; the version chain is
     gap-free with lineage recorded; every subtask of a completed epoch was
     merged exactly once or recorded as dropped/failed; merged attempts and
-    subtasks agree with the versions. ``deep`` also verifies every version's
-    checksums (reads all weights).
+    subtasks agree with the versions. ``deep`` also verifies every kept
+    version's checksums (reads all weights). A version pruned by the retention
+    policy keeps its lineage, which is checked as any other; its weights are
+    absent by design, never a violation (bytes a killed ``vcdl gc`` left
+    behind are deleted by the next one).
     """
     ledger, store = ref.ledger(), ref.store()
     problems: list[str] = []
@@ -51,8 +54,13 @@ def audit_run(ref: RunRef, deep: bool = False) -> list[str]:
         sub = subtasks.get(v.subtask_id)
         if sub is None or sub.state != "merged" or sub.merged_version != v.number:
             problems.append(f"v{v.number}: subtask {v.subtask_id} does not point back to it")
+        if v.pruned_at is not None:
+            continue  # its weights were let go (store.keep): the lineage above still audits
         if not store.exists(v.uri):
             problems.append(f"v{v.number}: group {v.uri} missing or incomplete in the store")
+    for v in versions:
+        if v.pruned_at is not None and v.number in (0, run.head_version):
+            problems.append(f"v{v.number}: marked pruned, but v0 and the head are always kept")
     for sid, n in per_subtask.items():
         if n > 1:
             s = subtasks[sid]
@@ -69,6 +77,7 @@ def audit_run(ref: RunRef, deep: bool = False) -> list[str]:
             problems.append(f"subtask {sid} has {n} attempts marked merged")
     if versions:
         check = versions if deep else [v for v in versions if v.number == run.head_version]
+        check = [v for v in check if v.pruned_at is None or v.number == run.head_version]
         for v in check:
             try:
                 store.read_state(v.uri, verify=True)
