@@ -51,6 +51,7 @@ from flows.workarounds.shared_runner import run_dask_client
 from flows.workarounds.task_runs import cancel, release, set_task_run_state
 from vcdl.config import RunConfig
 from vcdl.driver.assimilator import merge_attempt
+from vcdl.driver import observe
 from vcdl.driver.dispatch import dispatch_phases
 from vcdl.driver.epoch_events import (
     Abandon,
@@ -232,6 +233,19 @@ class EpochExecutor:
             follow = self._do(todo.popleft())
             if follow is not None:
                 todo.extend(self.state.handle(follow))
+        if observe.listened():
+            self._tell_progress()
+
+    def _tell_progress(self) -> None:
+        """The epoch's shards finished and its tally, for in-process listeners (the CLI)."""
+        others = sum(
+            1 for k, s in self.state.closed.items() if k[0] == self.epoch and s != "merged"
+        )
+        observe.tell(
+            observe.EpochProgress(
+                self.epoch, self.cfg.data.shards, self.state.merged + others, self.state.counts()
+            )
+        )
 
     def _do(self, instruction: Instruction) -> Event | None:
         match instruction:
@@ -319,6 +333,8 @@ class EpochExecutor:
             self.ledger.add_timings(attempt_id, phases | overhead)
         if outcome.kind == "merged":
             self.progress()
+            if outcome.version is not None:
+                observe.tell(observe.Merged(key[0], key[1], outcome.version))
         lost = outcome.kind in ("rejected", "skipped")
         return MergeDone(
             key,
@@ -423,6 +439,7 @@ class EpochExecutor:
         ev = evaluate_head(self.ref, cfg, version, epoch)
         publish_epoch_table(self.ref, epoch)
         headline = objective_for(self.cfg.train).headline
+        observe.tell(observe.Evaluated(epoch, version, dict(ev["metrics"]), headline))
         self.log.info(
             "epoch %d: head v%d, test %s", epoch, version, format_metrics(ev["metrics"], headline)
         )
@@ -473,9 +490,9 @@ class EpochExecutor:
         if self.gate is not None:
             self.gate.passed.set()  # the barrier: the next epoch may act
         self.progress(force=True)
-        self.log.info(
-            "epoch %d done in %.1fs: head v%d", self.epoch, time.perf_counter() - started, head
-        )
+        seconds = time.perf_counter() - started
+        observe.tell(observe.EpochPassed(self.epoch, head, seconds))
+        self.log.info("epoch %d done in %.1fs: head v%d", self.epoch, seconds, head)
         tally = self.state.counts()
         tally["duplicate"] += self.duplicates
         return {

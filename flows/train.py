@@ -33,6 +33,7 @@ from flows.workarounds.shared_runner import shared_task_runner
 from vcdl.chaos import MAX_GRACE, MAX_RATE, Preemptor, chaos_schedule
 from vcdl.config import RunConfig, resolve_home
 from vcdl.console import console_off_thread
+from vcdl.driver import observe
 from vcdl.driver.head_cache import forget_run_cache
 from vcdl.driver.lease import run_lease
 from vcdl.driver.runs import clean_orphans, prepare_run
@@ -125,6 +126,28 @@ def sweep_orphans(ref: RunRef) -> None:
         )
 
 
+def opened(ref: RunRef, cfg: RunConfig, resumed: bool) -> observe.RunOpened:
+    """Where the run stands as this driver takes it, with what earlier drivers counted."""
+    ledger = ref.ledger()
+    run = ledger.get_run(ref.run)
+    kills = reissues = rejections = 0
+    if resumed:  # a new run has nothing to count
+        states = [a.state for a in ledger.attempts(ref.run)]
+        kills = sum(1 for s in states if s in ("killed", "timeout"))
+        rejections = states.count("rejected")
+        reissues = sum(max(0, s.attempts - 1) for s in ledger.subtasks(ref.run))
+    return observe.RunOpened(
+        ref.run,
+        cfg.run.epochs,
+        cfg.data.shards,
+        run.epochs_completed,
+        run.head_version,
+        kills,
+        reissues,
+        rejections,
+    )
+
+
 @flow(name="vcdl-train", persist_result=True)
 def train(
     config: RunConfig = RunConfig(),  # noqa: B008  (frozen: safe as a default; the UI's form)
@@ -162,6 +185,8 @@ def _train(config: RunConfig, home: str | None, chaos: ChaosSpec | None) -> dict
     cfg = config.with_locations(resolve_home(home))
     ref, run, resumed = prepare_run(cfg)
     ledger = ref.ledger()
+    if observe.listened():
+        observe.tell(opened(ref, cfg, resumed))
     progress_id = start_progress(ref, cfg.run.epochs, cfg.data.shards)
     with run_lease(ref, logger=logger):
         if resumed:
