@@ -50,8 +50,8 @@ from flows.workarounds.pipeline import RunStopping, current_gate
 from flows.workarounds.shared_runner import run_dask_client
 from flows.workarounds.task_runs import cancel, release, set_task_run_state
 from vcdl.config import RunConfig
-from vcdl.driver.assimilator import merge_attempt
 from vcdl.driver import observe
+from vcdl.driver.assimilator import merge_attempt
 from vcdl.driver.dispatch import dispatch_phases
 from vcdl.driver.epoch_events import (
     Abandon,

@@ -31,7 +31,7 @@ from flows.workarounds.heartbeats import epoch_heartbeats_off
 from flows.workarounds.pipeline import run_epochs
 from flows.workarounds.shared_runner import shared_task_runner
 from vcdl.chaos import MAX_GRACE, MAX_RATE, Preemptor, chaos_schedule
-from vcdl.config import RunConfig, resolve_home
+from vcdl.config import RunConfig, resolve_home, run_log_path
 from vcdl.console import console_off_thread
 from vcdl.driver import observe
 from vcdl.driver.head_cache import forget_run_cache
@@ -240,5 +240,7 @@ def _train(config: RunConfig, home: str | None, chaos: ChaosSpec | None) -> dict
         ledger.update_run(ref.run, state="completed")
     ProgressUpdater(ref, progress_id, cfg.run.epochs, cfg.data.shards)(force=True)
     summary = run_status(ledger, ref.run)
-    publish_summary(ref, summary)
+    log = run_log_path(resolve_home(home), ref.run)
+    # Written by `vcdl train`/`resume` (vcdl/display.py); a deployment's run has none.
+    publish_summary(ref, summary, log_file=str(log) if log.exists() else None)
     return summary

@@ -304,11 +304,12 @@ def _run_with_display(
 ) -> dict[str, Any]:
     """Run the flow with its log in the run's log file and its progress on the terminal."""
     from vcdl import api
-    from vcdl.display import Display, RunLog, log_path, out_is_terminal
+    from vcdl.config import run_log_path
+    from vcdl.display import Display, RunLog, out_is_terminal
     from vcdl.driver import observe
 
     started = time.monotonic()
-    path = log_path(home, cfg.run.name)
+    path = run_log_path(home, cfg.run.name)
     live = out_is_terminal(sys.stderr)
     shown = "also shown here (-v)" if verbose else "-v shows it here"
     print(f"vcdl: log in {path} ({shown})", file=sys.stderr, flush=True)

@@ -60,11 +60,6 @@ def plain(text: str) -> str:
     return _CONTROLS.sub(" ", _ESCAPES.sub("", text))
 
 
-def log_path(home: Path, run: str) -> Path:
-    """The run's log file under its home (run names are file-name safe)."""
-    return home / "logs" / f"{run}.log"
-
-
 class RunLog:
     """File descriptor 2 goes to ``path`` (appended) for the block; the terminal is kept."""
 
@@ -273,8 +268,8 @@ class Display:
                     "keep up (the log file has them all)",
                     "yellow",
                 )
-        except Exception:  # noqa: S110  (a broken terminal: the run goes on, the log has it)
-            pass
+        except Exception:
+            return
         finally:
             if self._live is not None:
                 with contextlib.suppress(Exception):
@@ -317,9 +312,7 @@ def render(f: LiveFields) -> Any:
         Text("✓", style="green") if f.finished else spin,
         Text(f"epoch {f.epoch + 1}/{f.epochs}", style="bold"),
         ProgressBar(total=max(f.shards, 1), completed=f.done, width=30),
-        Text.assemble(
-            (f"{f.done}/{f.shards}", "bold"), " shards · head ", (head, "magenta")
-        ),
+        Text.assemble((f"{f.done}/{f.shards}", "bold"), " shards · head ", (head, "magenta")),
     )
     metrics = Text.assemble("  test ", (f.metrics or "-", "green"))
     tally = Text(f"  {counts_text(f)}", style="yellow" if f.kills or f.rejections else "")

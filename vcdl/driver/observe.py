@@ -12,6 +12,7 @@ list check.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -87,10 +88,8 @@ def listened() -> bool:
 def tell(event: RunEvent) -> None:
     """Hand ``event`` to every listener; a listener's error is its own."""
     for listener in list(_listeners):
-        try:
+        with contextlib.suppress(Exception):  # a display's bug must not fail a run
             listener(event)
-        except Exception:  # noqa: S110  (a display's bug must not fail a run)
-            pass
 
 
 @contextmanager
