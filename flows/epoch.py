@@ -50,7 +50,6 @@ from flows.workarounds.pipeline import RunStopping, current_gate
 from flows.workarounds.shared_runner import run_dask_client
 from flows.workarounds.task_runs import cancel, release, set_task_run_state
 from vcdl.config import RunConfig
-from vcdl.driver import observe
 from vcdl.driver.assimilator import merge_attempt
 from vcdl.driver.dispatch import dispatch_phases
 from vcdl.driver.epoch_events import (
@@ -85,6 +84,7 @@ from vcdl.merge.rules import merge_rule
 from vcdl.objectives import objective_for
 from vcdl.runtime import RunRef
 from vcdl.states import MERGEABLE_ATTEMPT_STATES, TERMINAL_SUBTASK_STATES
+from vcdl.views import observe
 from vcdl.views.epochs import format_metrics
 from vcdl.worker.attempt import drop_checkpoint
 from vcdl.worker.preemption import PREEMPTED

@@ -33,11 +33,11 @@ from flows.workarounds.shared_runner import shared_task_runner
 from vcdl.chaos import MAX_GRACE, MAX_RATE, Preemptor, chaos_schedule
 from vcdl.config import RunConfig, resolve_home, run_log_path
 from vcdl.console import console_off_thread
-from vcdl.driver import observe
 from vcdl.driver.head_cache import forget_run_cache
 from vcdl.driver.lease import run_lease
 from vcdl.driver.runs import clean_orphans, prepare_run
 from vcdl.runtime import RunRef
+from vcdl.views import observe
 from vcdl.views.status import run_status
 
 

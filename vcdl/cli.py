@@ -306,12 +306,12 @@ def _run_with_display(
     from vcdl import api
     from vcdl.config import run_log_path
     from vcdl.display import Display, RunLog, out_is_terminal
-    from vcdl.driver import observe
+    from vcdl.views import observe
 
     started = time.monotonic()
     path = run_log_path(home, cfg.run.name)
     live = out_is_terminal(sys.stderr)
-    shown = "also shown here (-v)" if verbose else "-v shows it here"
+    shown = "shown here too" if verbose else "-v shows it here"
     print(f"vcdl: log in {path} ({shown})", file=sys.stderr, flush=True)
     runlog = RunLog(path, f"vcdl {command} {cfg.run.name}")
     try:

@@ -15,7 +15,7 @@ Two jobs at the edge of the CLI, both kept off the driver's threads:
   shown as well.
 
 The state shown is :class:`vcdl.views.live.LiveModel`'s, fed by the
-driver's in-process events (:mod:`vcdl.driver.observe`). The driver's side
+driver's in-process events (:mod:`vcdl.views.observe`). The driver's side
 (the listener, the log handler) only records and returns; one daemon
 thread writes, and is the only one a stalled terminal can block.
 """
@@ -35,7 +35,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, TextIO
 
-from vcdl.driver.observe import RunEvent
 from vcdl.views.live import (
     LiveFields,
     LiveModel,
@@ -44,6 +43,7 @@ from vcdl.views.live import (
     plain_line,
     time_text,
 )
+from vcdl.views.observe import RunEvent
 
 #: Seconds between renders of the live display.
 LIVE_REFRESH = 0.25
@@ -180,7 +180,7 @@ class Display:
     # -- the driver's side: record and return -------------------------------------------
 
     def listen(self, event: RunEvent) -> None:
-        """A :mod:`vcdl.driver.observe` listener."""
+        """A :mod:`vcdl.views.observe` listener."""
         with self._lock:
             if self.model.handle(event, time.monotonic()):
                 self._milestone = True

@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vcdl.display import Display, plain, render
-from vcdl.driver.observe import (
+from vcdl.views.live import LiveModel, PlainPacer, clock, plain_line
+from vcdl.views.observe import (
     EpochPassed,
     EpochProgress,
     Evaluated,
@@ -20,7 +21,6 @@ from vcdl.driver.observe import (
     listening,
     tell,
 )
-from vcdl.views.live import LiveModel, PlainPacer, clock, plain_line
 from vcdl.views.summary import summary_lines
 
 

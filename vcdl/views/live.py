@@ -1,6 +1,6 @@
 """What the terminal shows while a run trains, as a pure model: run events in, fields out.
 
-:class:`LiveModel` is told the driver's events (:mod:`vcdl.driver.observe`)
+:class:`LiveModel` is told the driver's events (:mod:`vcdl.views.observe`)
 with the time they were seen and answers with :class:`LiveFields`: the
 epoch and its shards, the head, the objective's latest metrics, kills,
 reissues and rejections so far, the time elapsed and an estimate of the
@@ -16,7 +16,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from vcdl.driver.observe import (
+from vcdl.views.epochs import format_metrics
+from vcdl.views.observe import (
     EpochPassed,
     EpochProgress,
     Evaluated,
@@ -24,7 +25,6 @@ from vcdl.driver.observe import (
     RunEvent,
     RunOpened,
 )
-from vcdl.views.epochs import format_metrics
 
 
 @dataclass(frozen=True)
