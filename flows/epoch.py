@@ -86,6 +86,7 @@ from vcdl.metrics.exporter import note_event, note_kill
 from vcdl.objectives import objective_for
 from vcdl.runtime import RunRef
 from vcdl.states import MERGEABLE_ATTEMPT_STATES, TERMINAL_SUBTASK_STATES
+from vcdl.views import observe
 from vcdl.views.epochs import format_metrics
 from vcdl.worker.attempt import drop_checkpoint
 from vcdl.worker.preemption import PREEMPTED
@@ -238,6 +239,19 @@ class EpochExecutor:
             follow = self._do(todo.popleft())
             if follow is not None:
                 todo.extend(self.state.handle(follow))
+        if observe.listened():
+            self._tell_progress()
+
+    def _tell_progress(self) -> None:
+        """The epoch's shards finished and its tally, for in-process listeners (the CLI)."""
+        others = sum(
+            1 for k, s in self.state.closed.items() if k[0] == self.epoch and s != "merged"
+        )
+        observe.tell(
+            observe.EpochProgress(
+                self.epoch, self.cfg.data.shards, self.state.merged + others, self.state.counts()
+            )
+        )
 
     def _do(self, instruction: Instruction) -> Event | None:
         match instruction:
@@ -326,6 +340,8 @@ class EpochExecutor:
             self.ledger.add_timings(attempt_id, phases | overhead)
         if outcome.kind == "merged":
             self.progress()
+            if outcome.version is not None:
+                observe.tell(observe.Merged(key[0], key[1], outcome.version))
             self.merged_since_gc += 1
             if self.merged_since_gc >= max(1, self.cfg.cluster.workers):
                 self._prune()
@@ -445,6 +461,7 @@ class EpochExecutor:
         ev = evaluate_head(self.ref, cfg, version, epoch)
         publish_epoch_table(self.ref, epoch)
         headline = objective_for(self.cfg.train).headline
+        observe.tell(observe.Evaluated(epoch, version, dict(ev["metrics"]), headline))
         self.log.info(
             "epoch %d: head v%d, test %s", epoch, version, format_metrics(ev["metrics"], headline)
         )
@@ -499,9 +516,9 @@ class EpochExecutor:
         if self.gate is not None:
             self.gate.passed.set()  # the barrier: the next epoch may act
         self.progress(force=True)
-        self.log.info(
-            "epoch %d done in %.1fs: head v%d", self.epoch, time.perf_counter() - started, head
-        )
+        seconds = time.perf_counter() - started
+        observe.tell(observe.EpochPassed(self.epoch, head, seconds))
+        self.log.info("epoch %d done in %.1fs: head v%d", self.epoch, seconds, head)
         tally = self.state.counts()
         tally["duplicate"] += self.duplicates
         return {

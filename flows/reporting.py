@@ -10,7 +10,12 @@ server); this module only hands it to Prefect. Artifact keys, for run ``R``
   rejections, mean staleness, goodput, head version, wall time);
 - ``vcdl-summary-R``: markdown with the run's lineage, the per-epoch table,
   the progress plot (also stored at ``runs/R/plots/progress.png`` in the weight
-  store) and how to export the model.
+  store), the driver's log file and metrics endpoint when it has them, and how
+  to export the model.
+
+Numbers in the tables are rounded for reading (vcdl/views/artifacts.py):
+metrics to 4 significant digits, seconds to a tenth, dollars to the cent (4
+significant digits below $1).
 
 Events (for automations): ``vcdl.run.failed`` and
 ``vcdl.retrain.accuracy-dropped``, ``vcdl.retrain.completed``,
@@ -169,8 +174,14 @@ def data_fingerprint(ref: RunRef) -> str | None:
     return str(value) if value else None
 
 
-def publish_summary(ref: RunRef, summary: dict[str, Any]) -> None:
-    """The run's markdown summary, with the progress plot embedded."""
+def publish_summary(
+    ref: RunRef,
+    summary: dict[str, Any],
+    log_file: str | None = None,
+    metrics_url: str | None = None,
+) -> None:
+    """The run's markdown summary, with the progress plot embedded, naming the
+    driver's log file and metrics endpoint where there are such."""
     from prefect.artifacts import create_markdown_artifact
 
     cost = run_cost(ref)
@@ -191,6 +202,8 @@ def publish_summary(ref: RunRef, summary: dict[str, Any]) -> None:
                 image,
                 data_fingerprint(ref),
                 cost,
+                log_file,
+                redact_url(metrics_url) if metrics_url else None,
             ),
             description=f"vcdl run {ref.run}",
         )

@@ -31,13 +31,14 @@ from flows.workarounds.heartbeats import epoch_heartbeats_off
 from flows.workarounds.pipeline import run_epochs
 from flows.workarounds.shared_runner import shared_task_runner
 from vcdl.chaos import MAX_GRACE, MAX_RATE, Preemptor, chaos_schedule
-from vcdl.config import RunConfig, resolve_home
+from vcdl.config import RunConfig, resolve_home, run_log_path
 from vcdl.console import console_off_thread
 from vcdl.driver.head_cache import forget_run_cache
 from vcdl.driver.lease import run_lease
 from vcdl.driver.runs import clean_orphans, prepare_run
 from vcdl.metrics.exporter import follow_run, serve_metrics
 from vcdl.runtime import RunRef
+from vcdl.views import observe
 from vcdl.views.status import run_status
 
 
@@ -126,6 +127,28 @@ def sweep_orphans(ref: RunRef) -> None:
         )
 
 
+def opened(ref: RunRef, cfg: RunConfig, resumed: bool) -> observe.RunOpened:
+    """Where the run stands as this driver takes it, with what earlier drivers counted."""
+    ledger = ref.ledger()
+    run = ledger.get_run(ref.run)
+    kills = reissues = rejections = 0
+    if resumed:  # a new run has nothing to count
+        states = [a.state for a in ledger.attempts(ref.run)]
+        kills = sum(1 for s in states if s in ("killed", "timeout"))
+        rejections = states.count("rejected")
+        reissues = sum(max(0, s.attempts - 1) for s in ledger.subtasks(ref.run))
+    return observe.RunOpened(
+        ref.run,
+        cfg.run.epochs,
+        cfg.data.shards,
+        run.epochs_completed,
+        run.head_version,
+        kills,
+        reissues,
+        rejections,
+    )
+
+
 @flow(name="vcdl-train", persist_result=True)
 def train(
     config: RunConfig = RunConfig(),  # noqa: B008  (frozen: safe as a default; the UI's form)
@@ -171,6 +194,8 @@ def _train(config: RunConfig, home: str | None, chaos: ChaosSpec | None) -> dict
     ref, run, resumed = prepare_run(cfg)
     follow_run(ref, cfg)  # the metrics endpoint's figures, from the ledger
     ledger = ref.ledger()
+    if observe.listened():
+        observe.tell(opened(ref, cfg, resumed))
     progress_id = start_progress(ref, cfg.run.epochs, cfg.data.shards)
     with run_lease(ref, logger=logger):
         if resumed:
@@ -224,5 +249,7 @@ def _train(config: RunConfig, home: str | None, chaos: ChaosSpec | None) -> dict
         ledger.update_run(ref.run, state="completed")
     ProgressUpdater(ref, progress_id, cfg.run.epochs, cfg.data.shards)(force=True)
     summary = run_status(ledger, ref.run)
-    publish_summary(ref, summary)
+    log = run_log_path(resolve_home(home), ref.run)
+    # Written by `vcdl train`/`resume` (vcdl/display.py); a deployment's run has none.
+    publish_summary(ref, summary, log_file=str(log) if log.exists() else None)
     return summary

@@ -16,10 +16,9 @@ import logging
 import math
 import os
 import sys
-import threading
 import time
 from collections.abc import Sequence
-from typing import Any, NoReturn, TextIO
+from typing import Any, NoReturn
 
 from vcdl.cli_json import JSON_OPTION, emit, error_document, json_mode, report, wants_json
 from vcdl.config import resolve_home
@@ -219,73 +218,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-class Progress:
-    """Polls the ledger and prints the run's progress whenever it changes."""
-
-    def __init__(self, ledger_url: str, run: str, epochs: int, out: TextIO = sys.stderr) -> None:
-        self.ledger_url, self.run, self.epochs, self.out = ledger_url, run, epochs, out
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="vcdl-progress", daemon=True)
-        self._last = ""
-        self._tty = out.isatty()
-        self._start = time.monotonic()
-
-    def __enter__(self) -> Progress:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        if self._tty and self._last:
-            self.out.write("\n")
-
-    def line(self) -> str | None:
-        from vcdl.ledger import evaluation_metrics
-        from vcdl.runtime import open_ledger
-        from vcdl.states import TERMINAL_SUBTASK_STATES
-        from vcdl.views.epochs import format_metrics
-
-        ledger = open_ledger(self.ledger_url)
-        run = ledger.find_run(self.run)
-        if run is None:
-            return None
-        epoch = min(run.epochs_completed, self.epochs - 1)
-        subs = ledger.subtasks(self.run, epoch)
-        done = sum(1 for s in subs if s.state in TERMINAL_SUBTASK_STATES)
-        evals = [e for e in ledger.evaluations(self.run) if e.split == "test"]
-        last = (
-            f"{format_metrics(evaluation_metrics(evals[-1]), 'accuracy')} (epoch {evals[-1].epoch})"
-            if evals
-            else "-"
-        )
-        return (
-            f"epoch {epoch + 1}/{self.epochs} · shards {done}/{len(subs) or '?'} · "
-            f"head v{run.head_version} · test {last}"
-        )
-
-    def _loop(self) -> None:
-        while not self._stop.wait(1.0):
-            try:
-                text = self.line()
-            except Exception:  # a busy or half-created ledger: try again next tick
-                continue
-            if text and text != self._last:
-                self._last = text
-                stamp = f"[{time.monotonic() - self._start:6.1f}s] "
-                if self._tty:
-                    self.out.write("\r\033[K" + stamp + text)
-                else:
-                    self.out.write(stamp + text + "\n")
-                self.out.flush()
-
-
 def _quiet_prefect(verbose: bool) -> None:
-    """Prefect logs every task run at INFO; the progress line says what matters."""
+    """Keep Prefect's INFO lines off the terminal once the run's log is closed.
+
+    The run itself writes them to its log file (vcdl/display.py); what Prefect
+    logs after that (its temporary server stopping, at exit) would reach the
+    terminal, where only ``-v`` shows Prefect's own lines.
+    """
     if verbose:
         return
-    # Prefect's logging config attaches its console handler to its own loggers
-    # and to dask's ("extra loggers"); quiet them all, keep the API handlers.
+    # Prefect's logging config attaches its console handler to the root logger
+    # and to uvicorn's and fastapi's; quiet them all, keep the API handlers.
     loggers = [logging.getLogger(n) for n in list(logging.root.manager.loggerDict)]
     for logger in [logging.root, *loggers]:
         for handler in getattr(logger, "handlers", []):
@@ -297,52 +240,13 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
     if as_json:
         emit(summary)
         return
-    from vcdl.views.epochs import format_metrics
+    import shutil
 
-    metrics = summary.get("test_metrics") or {}
-    print(
-        f"run {summary['run']}: {summary['state']}, {summary['epochs_completed']}/"
-        f"{summary['epochs']} epochs, head v{summary['head_version']}, "
-        f"test {format_metrics(metrics, 'accuracy')}"
-    )
-    # The per-epoch column: accuracy where the objective has one, else the loss.
-    by_acc = any(h["test_accuracy"] is not None for h in summary["history"])
-    column = "accuracy" if by_acc else "loss"
-    head = ("epoch", "merged", "attempts", "version", "staleness", column, "read MB", "wrote MB")
-    widths = (5, 8, 8, 7, 9, 8, 9, 9)
-    print(" ".join(f"{h:>{w}}" for h, w in zip(head, widths, strict=True)))
-    for h in summary["history"]:
-        stale = f"{h['mean_staleness']:.2f}" if h["mean_staleness"] is not None else "-"
-        value = h["test_accuracy"] if by_acc else h.get("test_loss")
-        acc_e = f"{value:.4f}" if value is not None else "-"
-        version = f"v{h['version']}" if h["version"] is not None else "-"
-        print(
-            f"{h['epoch']:>5} {h['merged']:>4}/{h['subtasks']:<3} {h['attempts']:>8} "
-            f"{version:>7} {stale:>9} {acc_e:>8} {h.get('data_bytes', 0) / 1e6:>9.1f} "
-            f"{h.get('written_bytes', 0) / 1e6:>9.1f}"
-        )
-    attempts = summary.get("attempts", {})
-    print("attempts: " + ", ".join(f"{k} {v}" for k, v in attempts.items()))
-    mean_stale = summary.get("mean_staleness")
-    goodput = summary.get("goodput")
-    print(
-        f"kills {summary.get('kills', 0)}, resumed from a checkpoint "
-        f"{summary.get('resumed', 0)} ({summary.get('salvaged_seconds', 0.0):.1f} s of "
-        f"training salvaged), reissues {summary.get('reissues', 0)}, "
-        f"rejections {summary.get('rejections', 0)}, duplicates {summary.get('duplicates', 0)}, "
-        f"mean staleness {f'{mean_stale:.2f}' if mean_stale is not None else '-'}, "
-        f"goodput {f'{goodput:.1%}' if goodput is not None else '-'}"
-    )
-    failures = summary.get("checkpoint_failures", 0)
-    if failures:
-        print(
-            f"warning: {failures} checkpoint write(s) failed (the workers' logs say why); "
-            "a kill loses the training since the last checkpoint written"
-        )
-    phases = summary.get("phases") or {}
-    if phases:
-        order = sorted(phases.items(), key=lambda kv: -kv[1])
-        print("per merged attempt, mean s: " + ", ".join(f"{k} {v:.3f}" for k, v in order))
+    from vcdl.views.summary import summary_lines
+
+    # A terminal's width; a pipe's lines are left long (but for the phases).
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    print("\n".join(summary_lines(summary, width)))
 
 
 def _check_scheduler(address: str, timeout: float = 20.0) -> None:
@@ -409,9 +313,6 @@ def _train(args: argparse.Namespace) -> int:
             home=home,
         )
     api.prepare_prefect(home)
-    import prefect  # noqa: F401  (sets up Prefect's logging, which we then tame)
-
-    _quiet_prefect(args.verbose)
     assert cfg.run.name is not None and cfg.ledger.url is not None
     where = cfg.cluster.address or f"{cfg.cluster.workers} local workers"
     print(
@@ -428,12 +329,43 @@ def _train(args: argparse.Namespace) -> int:
             "seed": args.preempt_seed,
             "log": args.preempt_log,
         }
-    with Progress(cfg.ledger.url, cfg.run.name, cfg.run.epochs):
-        summary = api.run(cfg, home=home, chaos=chaos)
+    summary = _run_with_display(cfg, home, chaos, args.verbose, args.command)
     _print_summary(summary, args.json)
     if not args.json:
         _print_baseline(cfg, summary)
     return 0 if summary["state"] == "completed" else 1
+
+
+def _run_with_display(
+    cfg: Any, home: Any, chaos: dict[str, Any] | None, verbose: bool, command: str
+) -> dict[str, Any]:
+    """Run the flow with its log in the run's log file and its progress on the terminal."""
+    from vcdl import api
+    from vcdl.config import run_log_path
+    from vcdl.display import Display, RunLog, out_is_terminal
+    from vcdl.views import observe
+
+    started = time.monotonic()
+    path = run_log_path(home, cfg.run.name)
+    live = out_is_terminal(sys.stderr)
+    shown = "shown here too" if verbose else "-v shows it here"
+    print(f"vcdl: log in {path} ({shown})", file=sys.stderr, flush=True)
+    runlog = RunLog(path, f"vcdl {command} {cfg.run.name}")
+    try:
+        with runlog:
+            display = Display(
+                runlog.terminal, live, run=cfg.run.name, started=started, warnings=not verbose
+            )
+            if verbose:
+                display.show_log(path, runlog.start_offset)
+            try:
+                with display, observe.listening(display.listen):
+                    summary = api.run(cfg, home=home, chaos=chaos)
+            finally:
+                runlog.keep_terminal = display.stuck  # closing it would wait too
+    finally:
+        _quiet_prefect(verbose)
+    return summary
 
 
 def _print_baseline(cfg: Any, summary: dict[str, Any]) -> None:

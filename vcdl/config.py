@@ -574,6 +574,11 @@ def resolve_home(home: str | Path | None = None) -> Path:
     return Path(home).expanduser().resolve()
 
 
+def run_log_path(home: Path, run: str) -> Path:
+    """Where ``vcdl train``/``resume`` write a run's full log (run names are file-name safe)."""
+    return home / "logs" / f"{run}.log"
+
+
 def format_error(exc: ValidationError) -> str:
     """One line per problem, naming the key and what is allowed."""
     parts = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -132,6 +133,7 @@ def test_train_deployment_summary_and_artifacts(trained: dict[str, Any], home: P
     assert progress.type == "progress" and float(progress.data) == 100.0
     ledger_acc = {h["epoch"]: h["test_accuracy"] for h in status["history"]}
     from vcdl.config import CostSection
+    from vcdl.views.artifacts import dollars, significant, usd
     from vcdl.views.cost import run_cost_report
 
     cost = run_cost_report(vapi.existing_ledger(home), RUN, CostSection())
@@ -142,16 +144,18 @@ def test_train_deployment_summary_and_artifacts(trained: dict[str, Any], home: P
         assert table.type == "table"
         rows = _data(table)
         assert [r["epoch"] for r in rows] == [epoch]
-        assert rows[0]["accuracy"] == ledger_acc[epoch]
+        # Rounded for reading (4 significant digits), from the ledger's value.
+        assert rows[0]["accuracy"] == significant(ledger_acc[epoch])
+        assert rows[0]["loss"] == significant(rows[0]["loss"]) and rows[0]["loss"] is not None
         assert rows[0]["merges"] == 2 and rows[0]["reissues"] == 0
         # Cost of the epoch at the run's instance type, as the cost report has it
         # (the table is written at the epoch's end: later epochs cost nothing yet).
-        assert rows[0]["cost_usd"] == float(f"{cost['history'][epoch]['total_usd']:.3g}") > 0
+        assert rows[0]["cost_usd"] == usd(cost["history"][epoch]["total_usd"]) > 0
         assert rows[0]["waste_usd"] == 0.0
     md = arts[f"vcdl-summary-{RUN}"]
     assert md.type == "markdown"
     assert "## Lineage" in md.data and f"vcdl export {RUN}" in md.data
-    assert "## Cost" in md.data and f"Spot cost **${cost['total_usd']:.3g}**" in md.data
+    assert "## Cost" in md.data and f"Spot cost **{dollars(cost['total_usd'])}**" in md.data
     assert "data:image/png;base64," in md.data
     plot = home / "store" / "runs" / RUN / "plots" / "progress.png"
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 5000
@@ -323,5 +327,11 @@ def test_ui_shows_epoch_table(trained: dict[str, Any], api: Server, tmp_path: Pa
         drv.quit()
     assert key in body and "accuracy" in body and "merges" in body
     assert shot.stat().st_size > 30_000  # a rendered page, not a blank one
+    # The numbers shown are rounded (issue 35): the table's loss as stored, 4
+    # significant digits, and no float of many digits anywhere on the page.
+    (row,) = _data(_artifact_by_key(key))
+    assert str(row["loss"]) in body and len(str(row["loss"]).replace(".", "")) <= 5, body
+    long_floats = re.findall(r"\d\.\d{6,}", body)
+    assert not long_floats, long_floats
     if os.environ.get("VCDL_E2E_SCREENSHOT"):
         shutil.copy(shot, os.environ["VCDL_E2E_SCREENSHOT"])

@@ -500,6 +500,8 @@ def test_fleet_run_survives_a_lost_worker(
     assert not [t.tags for t in shard_runs if t.tags], [t.tags for t in shard_runs]
     for name in ("driver", *workers):
         text = fleet.log(name).read_text(errors="replace")
+        if name == "driver":  # `vcdl train` writes Prefect's lines to the run's log file
+            text += (home / "logs" / f"{RUN}.log").read_text(errors="replace")
         assert TEMP_SERVER not in text.lower(), f"{name} started a Prefect server:\n{text[-3000:]}"
         # A temporary server would have created its SQLite database in the home.
         prefect_home = tmp_path / f"prefect-{name}"

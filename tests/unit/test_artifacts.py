@@ -10,11 +10,15 @@ from vcdl.driver.retrain import latest_descendant, pick_version, retrain_decisio
 from vcdl.ledger import Attempt, Evaluation, Run, Subtask, Version
 from vcdl.views.artifacts import (
     artifact_key,
+    dollars,
     epoch_metrics,
     png_data_uri,
     progress_percent,
     progress_png,
+    seconds,
+    significant,
     summary_markdown,
+    usd,
 )
 from vcdl.views.epochs import epoch_views
 
@@ -76,9 +80,11 @@ def test_epoch_metrics_from_ledger_rows() -> None:
 
     history = [{"epoch": 0, "total_usd": 0.0123456, "waste_usd": 0.001}]
     priced = epoch_metrics(views, started=T0, costs=history)
-    assert (priced[0]["cost_usd"], priced[0]["waste_usd"]) == (0.0123, 0.001)
-    tiny = epoch_metrics(views, costs=[{"epoch": 0, "total_usd": 6.854e-06, "waste_usd": 0.0}])
-    assert (tiny[0]["cost_usd"], tiny[0]["waste_usd"]) == (6.85e-06, 0.0)
+    assert (priced[0]["cost_usd"], priced[0]["waste_usd"]) == (0.01235, 0.001)
+    tiny = epoch_metrics(views, costs=[{"epoch": 0, "total_usd": 6.8544e-06, "waste_usd": 0.0}])
+    assert (tiny[0]["cost_usd"], tiny[0]["waste_usd"]) == (6.854e-06, 0.0)
+    big = epoch_metrics(views, costs=[{"epoch": 0, "total_usd": 12.3456, "waste_usd": 1.004}])
+    assert (big[0]["cost_usd"], big[0]["waste_usd"]) == (12.35, 1.0)
     assert (priced[1]["cost_usd"], priced[1]["waste_usd"]) == (None, None)  # not priced yet
 
 
@@ -138,13 +144,44 @@ def test_summary_markdown_shows_cost() -> None:
     }  # fmt: skip
     md = summary_markdown(s, rows, cost=cost)
     assert "| 80.0% | 4 | 5.0 | 0.0 | 0.0 | 0.0125 | 0.0025 |" in md
+    assert "## Log and metrics" not in md
     assert "spot $ | wasted $ |" in md and "## Cost" in md
     assert "Spot cost **$0.0125**" in md and "wasted $0.0025 (20.0%)" in md
     assert "Realized savings **47.9%** against a spot discount of 58.3%" in md
-    assert "(waste cost 10.4 points)" in md and "$3.1250 per million merged samples" in md
+    assert "(waste cost 10.4 points)" in md and "$3.12 per million merged samples" in md
     assert "`g4dn.xlarge` (spot $0.2104/h" in md and "`vcdl cost r`" in md
-    tiny = summary_markdown(s, rows, cost={**cost, "total_usd": 6.854e-06, "waste_usd": 0.0})
-    assert "Spot cost **$6.85e-06**" in tiny and "wasted $0.0000" in tiny
+    tiny = summary_markdown(s, rows, cost={**cost, "total_usd": 6.8544e-06, "waste_usd": 0.0})
+    assert "Spot cost **$6.854e-06**" in tiny and "wasted $0 " in tiny
+    linked = summary_markdown(
+        s, rows, log_file="/h/logs/r.log", metrics_url="http://127.0.0.1:9108/metrics"
+    )
+    assert "## Log and metrics" in linked and "`/h/logs/r.log`" in linked
+    assert "<http://127.0.0.1:9108/metrics>" in linked
+
+
+def test_artifact_numbers_are_rounded_for_reading() -> None:
+    assert significant(2.1037281799316405) == 2.104
+    assert significant(0.902777) == 0.9028 and significant(1234567.0) == 1235000.0
+    assert significant(None) is None and significant(0.0) == 0.0
+    assert seconds(12.34567) == 12.3 and seconds(None) is None
+    assert usd(12.3456) == 12.35 and usd(0.0123456) == 0.01235 and usd(6.8544e-06) == 6.854e-06
+    assert dollars(12.3456) == "$12.35" and dollars(0.0123456) == "$0.01235"
+    assert dollars(6.8544e-06) == "$6.854e-06" and dollars(0.0) == "$0"
+    # A table row from a loss of many digits shows four.
+    views = epoch_views(
+        [Subtask(run="r", epoch=0, shard=0, state="merged", attempts=1)],
+        [_attempt(0, 0, "merged", 3.0)],
+        [Version(run="r", number=1, epoch=0, staleness=0, uri="v1", checksum="c")],
+        [
+            Evaluation(run="r", version=1, epoch=0, split="test", accuracy=0.90277777,
+                       loss=2.1037281799316405, samples=10,
+                       metrics='{"loss": 2.1037281799316405, "perplexity": 8.19876}',
+                       created_at=T0 + timedelta(seconds=12.3456)),
+        ],
+    )  # fmt: skip
+    (row,) = epoch_metrics(views, started=T0)
+    assert (row["accuracy"], row["loss"], row["wall_seconds"]) == (0.9028, 2.104, 12.3)
+    assert row["perplexity"] == 8.199
 
 
 def test_retrain_decision() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import io
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -50,38 +51,68 @@ def epoch_metrics(
     rows = []
     for v in views:
         wall = (
-            round((v.evaluated_at - started).total_seconds(), 3)
+            seconds((v.evaluated_at - started).total_seconds())
             if v.evaluated_at is not None and started is not None
             else None
         )
-        goodput = v.goodput
         row: dict[str, Any] = {
             "epoch": v.epoch,
-            "accuracy": v.test_accuracy,
-            "loss": v.test_loss,
+            "accuracy": significant(v.test_accuracy),
+            "loss": significant(v.test_loss),
             "merges": v.merged,
             "reissues": v.reissues,
             "rejections": v.rejections,
-            "mean_staleness": round(v.mean_staleness, 4) if v.mean_staleness is not None else None,
-            "goodput": round(goodput, 4) if goodput is not None else None,
+            "mean_staleness": significant(v.mean_staleness),
+            "goodput": significant(v.goodput),
             "version": v.version,
             "wall_seconds": wall,
             "data_bytes": v.data_bytes,
             "written_bytes": v.written_bytes,
         }
         # The objective's other metrics (perplexity, token accuracy, rmse, the user's).
-        row |= {k: x for k, x in sorted(v.test_metrics.items()) if k not in ("accuracy", "loss")}
+        row |= {
+            k: significant(x)
+            for k, x in sorted(v.test_metrics.items())
+            if k not in ("accuracy", "loss")
+        }
         if by_epoch is not None:
             c = by_epoch.get(v.epoch, {})
-            row["cost_usd"] = _usd(c.get("total_usd"))
-            row["waste_usd"] = _usd(c.get("waste_usd"))
+            row["cost_usd"] = usd(c.get("total_usd"))
+            row["waste_usd"] = usd(c.get("waste_usd"))
         rows.append(row)
     return rows
 
 
-def _usd(x: float | None) -> float | None:
-    # Three significant digits: a small run's epoch costs millionths of a dollar.
-    return float(f"{x:.3g}") if x is not None else None
+# -- the precision a table shows ------------------------------------------------------
+
+
+def significant(x: float | None, digits: int = 4) -> float | None:
+    """``x`` to ``digits`` significant digits (metrics: 2.1037281799316405 -> 2.104)."""
+    if x is None or not math.isfinite(x):
+        return x
+    return float(f"{x:.{digits}g}")
+
+
+def seconds(x: float | None) -> float | None:
+    """Seconds to a tenth."""
+    return round(x, 1) if x is not None and math.isfinite(x) else x
+
+
+def usd(x: float | None) -> float | None:
+    """Dollars to the cent from $1 on; below, 4 significant digits (a small
+    run's epoch costs millionths of a dollar)."""
+    if x is None or not math.isfinite(x):
+        return x
+    return round(x, 2) if abs(x) >= 1 else significant(x)
+
+
+def dollars(x: float) -> str:
+    """``usd(x)`` as text: ``$12.35``, ``$0.01235``, ``$6.854e-06``, ``$0``."""
+    value = usd(x)
+    assert value is not None
+    if abs(value) >= 1:
+        return f"${value:.2f}"
+    return f"${value:.4g}"
 
 
 def progress_percent(done: int, total: int) -> float:
@@ -145,13 +176,16 @@ def summary_markdown(
     plot_image: str | None = None,
     fingerprint: str | None = None,
     cost: Mapping[str, Any] | None = None,
+    log_file: str | None = None,
+    metrics_url: str | None = None,
 ) -> str:
     """The run's summary: state, lineage, per-epoch table, cost, plot, how to export.
 
     ``s`` is :func:`vcdl.views.status.run_status`'s summary; ``rows`` are
     :func:`epoch_metrics`; ``plot_image`` an image URL (e.g. a data URI)
     embedded in the page, ``plot_uri`` where the PNG is stored; ``cost`` is
-    :func:`vcdl.views.cost.cost_report`'s report.
+    :func:`vcdl.views.cost.cost_report`'s report; ``log_file`` the driver's log
+    (``vcdl train`` writes one), ``metrics_url`` where its metrics are served.
     """
     run = s["run"]
     lines = [
@@ -190,14 +224,16 @@ def summary_markdown(
             f"{_fmt(r['goodput'], '.1%')} | {_fmt(r['version'])} | "
             f"{_fmt(r['wall_seconds'], '.1f')} | {r.get('data_bytes', 0) / 1e6:.1f} | "
             f"{r.get('written_bytes', 0) / 1e6:.1f} |"
-            + (
-                f" {_fmt(r.get('cost_usd'), '.3g')} | {_fmt(r.get('waste_usd'), '.3g')} |"
-                if priced
-                else ""
-            )
+            + (f" {_money(r.get('cost_usd'))} | {_money(r.get('waste_usd'))} |" if priced else "")
         )
     if cost is not None:
         lines += ["", "## Cost", "", *_cost_lines(cost)]
+    if log_file or metrics_url:
+        lines += ["", "## Log and metrics", ""]
+        if log_file:
+            lines.append(f"- The driver's full log (Prefect, Dask, the workers): `{log_file}`")
+        if metrics_url:
+            lines.append(f"- Metrics of the driver (Prometheus): <{metrics_url}>")
     if plot_image or plot_uri:
         lines += ["", "## Progress", ""]
         if plot_image:
@@ -252,7 +288,11 @@ def _cost_lines(c: Mapping[str, Any]) -> list[str]:
 
 
 def _dollars(x: float) -> str:
-    return f"${x:.4f}" if abs(x) >= 0.01 or x == 0 else f"${x:.3g}"
+    return dollars(x)
+
+
+def _money(x: float | None) -> str:
+    return "-" if x is None else dollars(x).removeprefix("$")
 
 
 # -- retraining -----------------------------------------------------------------
