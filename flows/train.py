@@ -176,7 +176,7 @@ def train(
         with serve_metrics(cfg.metrics, str(cfg.run.name)) as served:
             if served is not None:
                 get_run_logger().info("metrics of the run at %s", served.url)
-            return _train(cfg, home, chaos)
+            return _train(cfg, home, chaos, served.url if served is not None else None)
     except Exception as exc:
         emit(
             "vcdl.run.failed",
@@ -186,7 +186,9 @@ def train(
         raise
 
 
-def _train(config: RunConfig, home: str | None, chaos: ChaosSpec | None) -> dict[str, Any]:
+def _train(
+    config: RunConfig, home: str | None, chaos: ChaosSpec | None, metrics_url: str | None
+) -> dict[str, Any]:
     logger = get_run_logger()
     # The flow process only merges (memory-bound); the cores are the workers'.
     torch.set_num_threads(1)
@@ -251,5 +253,7 @@ def _train(config: RunConfig, home: str | None, chaos: ChaosSpec | None) -> dict
     summary = run_status(ledger, ref.run)
     log = run_log_path(resolve_home(home), ref.run)
     # Written by `vcdl train`/`resume` (vcdl/display.py); a deployment's run has none.
-    publish_summary(ref, summary, log_file=str(log) if log.exists() else None)
+    publish_summary(
+        ref, summary, log_file=str(log) if log.exists() else None, metrics_url=metrics_url
+    )
     return summary
