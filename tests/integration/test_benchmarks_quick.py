@@ -4,8 +4,9 @@
 run ``weights_io.py``, ``ledger.py``, ``allocator.py``, ``task_engine.py``,
 ``rules.py``, ``fleet.py``, ``big_merge.py``, ``scale_data.py`` and ``scale.py``
 with ``--quick`` in a subprocess and check the one-line JSON summary each ends
-with. Timings are not asserted (a shared CI machine), only what a run must always show; the allocator's page
-faults per training step are not a timing and are asserted.
+with. Timings are not asserted (a shared CI machine), only what a run must
+always show; the allocator's page faults per training step are not a timing
+and are asserted.
 """
 
 from __future__ import annotations
