@@ -1,4 +1,4 @@
-"""vcdl at real sizes: what a run costs in storage (issue 32).
+"""vcdl at real sizes: what a run costs in storage, data reads and worker memory (issue 32).
 
 Each part is one function ``part(args) -> dict`` registered in :data:`PARTS`;
 ``main`` runs those asked for (``--parts``, default all), prints their
@@ -18,8 +18,15 @@ every ``--sample-seconds`` in a thread: a peak shorter than that can be
 missed). Targets: after a run <= (epochs + 3) x model bytes; during it
 <= (epochs + 3 + 2 x workers) x model bytes; reported met or missed.
 
-    python benchmarks/scale.py                    # 100M parameters, 3 epochs, 4 shards, 2 workers
-    python benchmarks/scale.py --quick            # CI: 2M parameters, 2 epochs, 2 shards
+**data** (parts b and c, benchmarks/scale_data.py): bytes read per epoch
+divided by the split's bytes for a ``--gib`` data set (default 2 GiB) with
+``data.cache_mb`` = 1, at 8 and 32 shards (target <= 1.25), and a fresh
+worker's peak memory training on it against a ``--small-mb`` set (target
+<= 0.5 GB above).
+
+    python benchmarks/scale.py                    # both parts at full size
+    python benchmarks/scale.py --parts storage    # 100M parameters, 3 epochs, 4 shards, 2 workers
+    python benchmarks/scale.py --quick            # CI: 2M parameters, MBs of data
     python benchmarks/scale.py --params 1e8 --epochs 5 --json
 """
 
@@ -28,6 +35,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -38,6 +47,13 @@ from typing import Any
 import numpy as np
 
 from vcdl.config import RunConfig, parse_config
+
+if __package__ in (None, ""):
+    # Run as a script (python benchmarks/scale.py): its siblings are imported
+    # as the `benchmarks` package, as the tests import them.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import scale_data
 
 
 def storage_config(args: argparse.Namespace, keep: dict[str, Any], home: Path) -> RunConfig:
@@ -191,8 +207,32 @@ def print_storage(r: dict[str, Any]) -> None:
         )
 
 
+def data(args: argparse.Namespace) -> dict[str, Any]:
+    """Parts (b) and (c): bytes read per epoch and peak worker memory (scale_data.py)."""
+    scratch = Path(tempfile.mkdtemp(prefix="vcdl-scale-data-"))
+    try:
+        r = scale_data.measure(
+            scratch,
+            nbytes=24 << 20 if args.quick else int(args.gib * 2**30),
+            small_bytes=2 << 20 if args.quick else int(args.small_mb * 2**20),
+            features=250 if args.quick else 1000,
+            shard_counts=(2, 4) if args.quick else (8, 32),
+            cache_mb=1,
+            rows_plan=True,
+            quick=args.quick,
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)  # the GBs go, whatever happened
+    return {"report": scale_data.report(r), **scale_data.summary(r)}
+
+
+def print_data(r: dict[str, Any]) -> None:
+    print(r["report"])
+
+
 PARTS: dict[str, tuple[Callable[[argparse.Namespace], dict[str, Any]], Callable[..., None]]] = {
     "storage": (storage, print_storage),
+    "data": (data, print_data),
 }
 
 
@@ -212,6 +252,8 @@ def main() -> None:
         default=["default", "all"],
         help="storage: the retention policies to run, in this order",
     )
+    p.add_argument("--gib", type=float, default=2.0, help="data: the large set's size (GiB)")
+    p.add_argument("--small-mb", type=float, default=20.0, help="data: the small set (MiB)")
     p.add_argument("--quick", action="store_true", help="CI: 2M parameters, 2 epochs, 2 shards")
     p.add_argument("--json", action="store_true", help="print only the JSON summary")
     args = p.parse_args()
@@ -227,7 +269,7 @@ def main() -> None:
         result = part(args)
         if not args.json:
             show(result)
-        summary[name] = result
+        summary[name] = {k: v for k, v in result.items() if k != "report"}
     print(json.dumps(summary))
 
 

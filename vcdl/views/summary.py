@@ -50,8 +50,12 @@ def summary_lines(summary: dict[str, Any], width: int | None = None) -> list[str
     # The per-epoch column: accuracy where the objective has one, else the loss.
     by_acc = any(h["test_accuracy"] is not None for h in summary["history"])
     column = "accuracy" if by_acc else "loss"
-    head = ("epoch", "merged", "attempts", "version", "staleness", column, "read MB", "wrote MB")
-    widths = (5, 8, 8, 7, 9, 8, 9, 9)
+    # A table row cannot wrap: the data columns (70 characters in all) only where they fit.
+    io = width is None or width >= 70
+    head: tuple[str, ...] = ("epoch", "merged", "attempts", "version", "staleness", column)
+    widths: tuple[int, ...] = (5, 8, 8, 7, 9, 8)
+    if io:
+        head, widths = (*head, "read MB", "wrote MB"), (*widths, 9, 9)
     out.append(" ".join(f"{h:>{w}}" for h, w in zip(head, widths, strict=True)))
     for h in summary["history"]:
         stale = f"{h['mean_staleness']:.2f}" if h["mean_staleness"] is not None else "-"
@@ -60,8 +64,12 @@ def summary_lines(summary: dict[str, Any], width: int | None = None) -> list[str
         version = f"v{h['version']}" if h["version"] is not None else "-"
         out.append(
             f"{h['epoch']:>5} {h['merged']:>4}/{h['subtasks']:<3} {h['attempts']:>8} "
-            f"{version:>7} {stale:>9} {acc_e:>8} {h.get('data_bytes', 0) / 1e6:>9.1f} "
-            f"{h.get('written_bytes', 0) / 1e6:>9.1f}"
+            f"{version:>7} {stale:>9} {acc_e:>8}"
+            + (
+                f" {h.get('data_bytes', 0) / 1e6:>9.1f} {h.get('written_bytes', 0) / 1e6:>9.1f}"
+                if io
+                else ""
+            )
         )
     attempts = summary.get("attempts", {})
     out += _wrap("attempts: " + ", ".join(f"{k} {v}" for k, v in attempts.items()), width)
