@@ -24,6 +24,9 @@ from vcdl.cli_json import JSON_OPTION, emit, error_document, json_mode, report, 
 from vcdl.config import resolve_home
 from vcdl.errors import ConfigError, VcdlError
 
+#: Seconds `vcdl gc` holds the run's lease between renewals (a killed gc is waited out this long).
+GC_LEASE_TTL = 10.0
+
 
 class _UsageError(Exception):
     """Bad command line; :func:`main` says so as text or as JSON."""
@@ -583,8 +586,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "gc":
         from vcdl.driver.gc import collect, format_report
+        from vcdl.driver.lease import run_lease
 
-        gc = collect(ref, ref.config(), dry_run=args.dry_run)
+        # Never beside a live driver (it prunes as it merges, and may be evaluating
+        # a version this pass would let go): gc holds the run's lease while it deletes.
+        with contextlib.nullcontext() if args.dry_run else run_lease(ref, ttl=GC_LEASE_TTL):
+            gc = collect(ref, ref.config(), dry_run=args.dry_run)
         if not report(args, gc.to_dict()):
             print(format_report(gc))
         return 0

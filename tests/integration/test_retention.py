@@ -142,6 +142,13 @@ def test_a_run_with_a_kill_and_a_resume_keeps_exactly_what_the_policy_says(
     # Nothing left to do: gc frees nothing.
     code, text, _ = cli("gc", ref.run, "--home", str(tmp_path), "--json")
     assert code == 0 and json.loads(text)["bytes_freed"] == 0
+    # Never beside a live driver: a lease held elsewhere refuses gc (a dry run still reports).
+    ref.ledger().acquire_lease(ref.run, "elsewhere:1:abcdef", 60.0)
+    code, _, err = cli("gc", ref.run, "--home", str(tmp_path))
+    assert code == 1 and "being driven by elsewhere:1:abcdef" in err, err
+    code, _, _ = cli("gc", ref.run, "--home", str(tmp_path), "--dry-run")
+    assert code == 0
+    ref.ledger().release_lease(ref.run, "elsewhere:1:abcdef")
 
 
 # A `vcdl gc` process that SIGKILLs itself after two deletions: a kill mid-way.
