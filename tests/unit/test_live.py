@@ -49,7 +49,7 @@ def test_model_follows_a_run() -> None:
     assert m.handle(Evaluated(0, 4, {"accuracy": 0.90277, "loss": 0.31}, "accuracy"), 14.5)
     f = m.fields(15.0)
     assert (f.epoch, f.done, f.head_version, f.rejections, f.kills) == (1, 0, 4, 2, 1)
-    assert f.metrics == "accuracy 0.9028, loss 0.31 (epoch 0)"
+    assert f.metrics == "accuracy 0.9028, loss 0.3100 (epoch 0)"
     assert f.left == 5.0 * 4 / 4  # 4 shards in 5 s, 4 to go
     line = plain_line(f)
     assert line.startswith("epoch 2/2 · shards 0/4 · head v4 · test accuracy 0.9028")
@@ -157,7 +157,7 @@ def test_live_render_has_bar_and_fields() -> None:
         console.print(render(m.fields(3.0)))
     text = cap.get()
     assert "epoch 1/2" in text and "3/4 shards" in text and "head v0" in text
-    assert "loss 1.25 (epoch 0)" in text and "kills 2" in text and "elapsed" in text
+    assert "loss 1.250 (epoch 0)" in text and "kills 2" in text and "elapsed" in text
     assert "━" in text  # the bar
 
 
@@ -181,14 +181,17 @@ SUMMARY: dict[str, Any] = {
 def test_summary_wraps_to_the_width() -> None:
     lines = summary_lines(SUMMARY, 60)
     assert all(len(line) <= 60 for line in lines), lines
-    assert lines[:2] == ["run r: completed, 1/1 epochs, head v4, test accuracy 0.9,", "  loss 0.31"]
+    assert lines[:2] == [
+        "run r: completed, 1/1 epochs, head v4, test accuracy 0.9000,",
+        "  loss 0.3100",
+    ]
     start = lines.index("per merged attempt, mean seconds:")
     phases = lines[start + 1 :]
     assert len(phases) >= 4 and all(p.startswith("  ") for p in phases)
     # Each "name value" stays on one line.
     assert all(re.fullmatch(r"  (phase_number_\d+ \d\.\d{3}(, )?)+,?", p) for p in phases), phases
     piped = summary_lines(SUMMARY, None)
-    assert piped[0].startswith("run r: completed") and piped[0].endswith("loss 0.31")
+    assert piped[0].startswith("run r: completed") and piped[0].endswith("loss 0.3100")
     # A pipe's lines stay whole (a script reads them), but for the long phase list.
     phase_lines = piped[piped.index("per merged attempt, mean seconds:") + 1 :]
     assert len(phase_lines) >= 2 and max(len(line) for line in phase_lines) <= 100

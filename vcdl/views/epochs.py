@@ -145,7 +145,8 @@ def format_metrics(metrics: Mapping[str, float], first: str | None = None) -> st
     """``"loss 1.2345, perplexity 3.44"``: an evaluation's metrics in one short line.
 
     ``first`` (the objective's headline) leads; the rest follow by name.
-    Four significant digits, which is what a person compares.
+    Four significant digits, which is what a person compares, trailing zeros
+    kept so that successive lines line up (``0.7000``, not ``0.7``).
     """
     names = sorted(metrics, key=lambda k: (k != first, k != "loss", k))
-    return ", ".join(f"{k.replace('_', ' ')} {metrics[k]:.4g}" for k in names) or "-"
+    return ", ".join(f"{k.replace('_', ' ')} {metrics[k]:#.4g}" for k in names) or "-"
