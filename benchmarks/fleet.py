@@ -22,7 +22,8 @@ default up to 8) with N / processes threads each; each epoch has
   ledger's ``attempt.timings``).
 
 Options: ``--workers 8 32 64`` (several: one run each), ``--attempt-seconds
-30``, ``--params 25e6``, ``--epochs 2``, ``--json`` (only the JSON line).
+30``, ``--params 25e6``, ``--epochs 2``, ``--set KEY=VALUE`` (config
+overrides, as ``vcdl train --set``), ``--json`` (only the JSON line).
 ``--real CONFIG`` trains a real config instead of sleeping (for a GPU
 machine: its own model, data and objective; ``--workers`` as above).
 
@@ -48,13 +49,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.overhead import dispatch_times  # noqa: E402
-from vcdl.config import RunConfig, load_config, parse_config  # noqa: E402
+from benchmarks.sleeper import sleeper_config, write_sleeper_data  # noqa: E402
+from vcdl.config import RunConfig, apply_overrides, load_config, parse_config  # noqa: E402
 
 TARGET = 0.90
 MERGE_PHASES = ("assimilator_read_result", "assimilator_read_head", "assimilator_merge")
@@ -65,48 +65,17 @@ def make_config(args: argparse.Namespace, workers: int, home: Path) -> RunConfig
     threads = math.ceil(workers / processes)
     shards = args.shards_per_worker * processes * threads
     if args.real:
-        cfg = load_config(args.real, [f"data.shards={shards}"])
+        cfg = load_config(args.real, [f"data.shards={shards}", *args.set])
     else:
-        cfg = parse_config(
-            {
-                "run": {"name": f"fleet-{workers}", "epochs": args.epochs, "seed": 0},
-                "data": {"name": f"fleet-{shards}", "shards": shards, "eval_batch_size": 1},
-                "model": {
-                    "factory": "vcdl.models.synthetic:sleeper",
-                    "kwargs": {"params": int(args.params), "seconds": args.attempt_seconds},
-                },
-                "train": {
-                    "objective": "vcdl.models.synthetic:sleep_loss",
-                    "optimizer": "sgd",
-                    "lr": 1.0,
-                    "batch_size": 1,
-                },
-                "merge": {"rule": "vc_asgd", "alpha": 0.5},
-            }
+        sim = sleeper_config(
+            f"fleet-{workers}", args.epochs, shards, args.params, args.attempt_seconds
         )
+        cfg = parse_config(apply_overrides(sim, args.set))
     cfg = cfg.updated(
         run={"name": f"fleet-{workers}"},
         cluster={"workers": processes, "threads_per_worker": threads},
     )
     return cfg.with_locations(home)
-
-
-def make_data(cfg: RunConfig) -> None:
-    """One row per shard: every attempt is one batch, one sleep."""
-    from vcdl.data import write_arrays
-    from vcdl.runtime import open_store
-
-    assert cfg.store.url is not None
-    rows = cfg.data.shards
-    write_arrays(
-        open_store(cfg.store.url),
-        cfg.data.name,
-        {
-            "train": {"x": np.zeros((rows, 1), np.float32)},
-            "test": {"x": np.zeros((1, 1), np.float32)},
-        },
-        source="benchmarks/fleet.py: one row per shard",
-    )
 
 
 def run(args: argparse.Namespace, workers: int, home: Path) -> dict[str, Any]:
@@ -116,7 +85,7 @@ def run(args: argparse.Namespace, workers: int, home: Path) -> dict[str, Any]:
 
     cfg = make_config(args, workers, home)
     if not args.real:
-        make_data(cfg)
+        write_sleeper_data(cfg, "benchmarks/fleet.py: one row per shard")
     assert cfg.ledger.url is not None and cfg.run.name is not None
     usage0 = resource.getrusage(resource.RUSAGE_SELF)
     started = time.time()
@@ -146,6 +115,7 @@ def run(args: argparse.Namespace, workers: int, home: Path) -> dict[str, Any]:
         "threads_per_process": cfg.cluster.threads_per_worker,
         "attempt_seconds": None if args.real else args.attempt_seconds,
         "params": None if args.real else int(args.params),
+        "overrides": list(args.set),
         "epochs": cfg.run.epochs,
         "shards_per_epoch": cfg.data.shards,
         "merged": len(merged),
@@ -183,6 +153,13 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--shards-per-worker", type=int, default=2)
     p.add_argument("--real", metavar="CONFIG", help="train this config instead of sleeping")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override, as vcdl train --set (e.g. merge.result_precision=int8_delta)",
+    )
     p.add_argument("--quick", action="store_true", help="CI: 4 workers, 2-s attempts, 1M params")
     p.add_argument("--json", action="store_true", help="print only the JSON summary")
     args = p.parse_args()

@@ -44,8 +44,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from vcdl.config import RunConfig, parse_config
 
 if __package__ in (None, ""):
@@ -54,47 +52,16 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import scale_data
+from benchmarks.sleeper import sleeper_config, write_sleeper_data
 
 
 def storage_config(args: argparse.Namespace, keep: dict[str, Any], home: Path) -> RunConfig:
     name = f"scale-{'all' if keep.get('all') else 'default'}"
-    cfg = parse_config(
-        {
-            "run": {"name": name, "epochs": args.epochs, "seed": 0},
-            "data": {"name": "scale-rows", "shards": args.shards, "eval_batch_size": 1},
-            "model": {
-                "factory": "vcdl.models.synthetic:sleeper",
-                "kwargs": {"params": int(args.params), "seconds": args.attempt_seconds},
-            },
-            "train": {
-                "objective": "vcdl.models.synthetic:sleep_loss",
-                "optimizer": "sgd",
-                "lr": 1.0,
-                "batch_size": 1,
-            },
-            "merge": {"rule": "vc_asgd", "alpha": 0.5},
-            "cluster": {"workers": args.workers, "memory_limit": "8GiB"},
-            "store": {"keep": keep},
-        }
-    )
+    data = sleeper_config(name, args.epochs, args.shards, args.params, args.attempt_seconds)
+    data["cluster"] = {"workers": args.workers, "memory_limit": "8GiB"}
+    data["store"] = {"keep": keep}
+    cfg = parse_config(data)
     return cfg.with_locations(home)
-
-
-def _make_rows(cfg: RunConfig) -> None:
-    """One row per shard: every attempt is one batch, one sleep."""
-    from vcdl.data import write_arrays
-    from vcdl.runtime import open_store
-
-    assert cfg.store.url is not None
-    write_arrays(
-        open_store(cfg.store.url),
-        cfg.data.name,
-        {
-            "train": {"x": np.zeros((cfg.data.shards, 1), np.float32)},
-            "test": {"x": np.zeros((1, 1), np.float32)},
-        },
-        source="benchmarks/scale.py: one row per shard",
-    )
 
 
 class PeakSampler(threading.Thread):
@@ -125,7 +92,7 @@ def _storage_run(args: argparse.Namespace, keep: dict[str, Any], home: Path) -> 
 
     cfg = storage_config(args, keep, home)
     assert cfg.store.url is not None and cfg.ledger.url is not None and cfg.run.name
-    _make_rows(cfg)
+    write_sleeper_data(cfg, "benchmarks/scale.py: one row per shard")
     store = open_store(cfg.store.url)
     run_dir = f"runs/{cfg.run.name}"
     sampler = PeakSampler(lambda: store.nbytes(run_dir), args.sample_seconds)
