@@ -319,7 +319,7 @@ class ClusterSection(_Section):
 
         try:
             size = parse_bytes(value)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):  # "1e400" parses to infinity
             size = -1
         if not 0 <= size <= 2**60:
             raise ValueError("must be a size such as 4GiB or 500MB, 0 for no limit, or auto")

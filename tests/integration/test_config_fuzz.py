@@ -243,6 +243,7 @@ def test_any_config_and_set_through_preflight_is_accepted_or_one_line_exit_2(
         ["cost.prices=/etc/passwd"],
         ["cost.prices=/"],
         ["cluster.memory_limit=lots"],
+        ["cluster.memory_limit='1e400'"],  # found by the fuzz: parses to infinity
         ["cluster.address=tcp://127.0.0.1"],
         ["cluster.task_resources={ GPU = nan }"],
         ["train.batch_size=100000"],
