@@ -142,7 +142,7 @@ def read_epoch_views(ledger: Ledger, run: str, epoch: int | None = None) -> list
 
 
 def format_metrics(metrics: Mapping[str, float], first: str | None = None) -> str:
-    """``"loss 1.2345, perplexity 3.44"``: an evaluation's metrics in one short line.
+    """``"loss 1.234, perplexity 3.440"``: an evaluation's metrics in one short line.
 
     ``first`` (the objective's headline) leads; the rest follow by name.
     Four significant digits, which is what a person compares, trailing zeros

@@ -40,7 +40,7 @@ class LiveFields:
     shards: int
     head_version: int | None
     metrics: str | None
-    """The latest evaluation, e.g. ``"accuracy 0.9028, loss 0.31 (epoch 1)"``."""
+    """The latest evaluation, e.g. ``"accuracy 0.9028, loss 0.3100 (epoch 1)"``."""
     kills: int
     reissues: int
     rejections: int
