@@ -20,7 +20,8 @@ from vcdl.config import RunConfig
 from vcdl.driver.runs import evaluate_version
 from vcdl.ledger import evaluation_metrics
 from vcdl.runtime import RunRef
-from vcdl.worker.attempt import ShardData, load_shard, run_attempt, worker_name
+from vcdl.worker.admission import admitted, attempt_bytes, worker_gate
+from vcdl.worker.attempt import ShardData, load_shard, run_attempt, state_bytes, worker_name
 from vcdl.worker.preemption import notice_received, preempted_result
 from vcdl.worker.slots import training_slot
 
@@ -46,16 +47,28 @@ def train_shard(
     # The worker's spare Dask thread gets here while its other task trains
     # (flows/cluster.py): read the rows meanwhile, wait for the slot, then
     # claim the freshest head.
-    data = prefetch_shard(ref, epoch, shard, config)
+    # Before the read-ahead: a new gate reads the process's baseline memory.
+    gate = worker_gate(config.cluster.memory_admission)
+    ahead = [prefetch_shard(ref, epoch, shard, config)]
     prefetched = time.time()
+    need = _attempt_need(ref.run, ahead[0], config)
     with training_slot(training_slots(config)):
         slot_acquired = time.time()
-        if notice_received():
-            # A worker under notice takes nothing new: the flow reissues
-            # elsewhere. Returned, not raised: a raised exception is an ERROR
-            # with a traceback in Prefect's log, and a pointless retry here.
-            return preempted_result(worker_name())
-        out = run_attempt(ref, epoch, shard, base_version, notice_received, config, data).to_dict()
+        # An attempt that must wait for memory drops the model it read ahead
+        # meanwhile (ahead.clear): waiting attempts hold nothing big.
+        with admitted(gate, need, ahead.clear):
+            admitted_at = time.time()
+            if notice_received():
+                # A worker under notice takes nothing new: the flow reissues
+                # elsewhere. Returned, not raised: a raised exception is an ERROR
+                # with a traceback in Prefect's log, and a pointless retry here.
+                return preempted_result(worker_name())
+            data = ahead[0] if ahead else None
+            ahead.clear()
+            out = run_attempt(
+                ref, epoch, shard, base_version, notice_received, config, data
+            ).to_dict()
+            del data  # the model goes before the gate lets the next attempt in
     # Wall-clock marks (one machine's clock, or NTP-synced ones) that let the
     # driver split dispatch overhead into Dask scheduling and Prefect's engine.
     out["clock"] = {
@@ -63,9 +76,30 @@ def train_shard(
         "body_started": body_started,
         "prefetched": prefetched,
         "slot_acquired": slot_acquired,
+        "admitted": admitted_at,
         "body_ended": time.time(),
     }
     return out
+
+
+# Per run, this process's last estimate of an attempt's bytes: for an attempt
+# whose read-ahead failed (it builds its model inside the attempt).
+_NEED: dict[str, int] = {}
+
+
+def _attempt_need(run: str, data: ShardData | None, config: RunConfig) -> int:
+    """Estimated bytes of this attempt (:func:`vcdl.worker.admission.attempt_bytes`)."""
+    if data is None:
+        return _NEED.get(run, 0)
+    t = config.train
+    need = attempt_bytes(
+        state_bytes(data.model.state_dict()),
+        t.optimizer,
+        t.momentum,
+        config.merge.result_precision,
+    )
+    _NEED[run] = need
+    return need
 
 
 def prefetch_shard(ref: RunRef, epoch: int, shard: int, config: RunConfig) -> ShardData | None:

@@ -288,6 +288,15 @@ class ClusterSection(_Section):
         description="Memory limit per LocalCluster worker: a size such as 4GiB or 500MB, "
         "0 for none, or auto (the machine's memory shared out).",
     )
+    memory_admission: float = Field(
+        0.7,
+        ge=0,
+        le=0.95,
+        description="A worker starts an attempt only while its attempts, at their estimated "
+        "size (5-9x the model's bytes), fit in this fraction of its Dask memory limit, "
+        "below Dask's pause at 0.8; the rest wait their turn. 0 = no check (every training "
+        "slot starts at once, and a worker short of memory is paused or restarted by Dask).",
+    )
     start_method: Literal["forkserver", "spawn"] = Field(
         "forkserver",
         description="How LocalCluster nannies start and restart workers: forkserver forks "

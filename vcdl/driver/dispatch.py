@@ -2,9 +2,10 @@
 
 The driver knows when it submitted a task and when the result came back; the
 task's wall-clock marks say when Dask started it, when its body began, when
-its read-ahead was done, when it held a training slot and when its body
-ended. :func:`dispatch_phases` splits the difference into phases the ledger
-records with the attempt (``vcdl status`` shows their means).
+its read-ahead was done, when it held a training slot, when its worker's
+memory admitted it and when its body ended. :func:`dispatch_phases` splits
+the difference into phases the ledger records with the attempt (``vcdl
+status`` shows their means).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ def dispatch_phases(
     ``sent``: the driver's submission; ``ready``: when the worker was free (not
     before ``sent``); ``received``: the result back in the driver; ``clock``:
     the task's wall-clock marks (``dask_started``, ``body_started``,
-    ``prefetched``, ``slot_acquired``, ``body_ended``). Pure, for tests.
+    ``prefetched``, ``slot_acquired``, ``admitted``, ``body_ended``). Pure, for tests.
     """
     begun, started, ended = clock.get("dask_started"), clock["body_started"], clock["body_ended"]
     assert started is not None and ended is not None
@@ -30,7 +31,7 @@ def dispatch_phases(
         return {"dispatch": max(0.0, started - ready + received - ended)}
     # The read-ahead delays the attempt only where it ran after the worker was free.
     prefetch = max(0.0, prefetched - max(started, ready))
-    return {
+    phases = {
         "queued": max(0.0, min(ready, begun) - sent) + max(0.0, acquired - started - prefetch),
         "prefetch": prefetch,
         "scheduling": max(0.0, begun - ready),
@@ -38,3 +39,8 @@ def dispatch_phases(
         # the result dict through Dask (a few hundred bytes).
         "prefect": max(0.0, started - begun) + max(0.0, received - ended),
     }
+    admitted = clock.get("admitted")
+    if admitted is not None:
+        # Waiting for the worker's memory (vcdl.worker.admission), slot held.
+        phases["memory_wait"] = max(0.0, admitted - acquired)
+    return phases
