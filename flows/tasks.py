@@ -56,7 +56,7 @@ def train_shard(
         slot_acquired = time.time()
         # An attempt that must wait for memory drops the model it read ahead
         # meanwhile (ahead.clear): waiting attempts hold nothing big.
-        with admitted(gate, need, ahead.clear):
+        with admitted(gate, need, ahead.clear, stop=notice_received):
             admitted_at = time.time()
             if notice_received():
                 # A worker under notice takes nothing new: the flow reissues

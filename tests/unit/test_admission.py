@@ -180,3 +180,21 @@ def test_dispatch_phases_report_the_memory_wait() -> None:
     assert p["queued"] == 0.5  # the slot; the memory wait is its own phase
     del c["admitted"]
     assert "memory_wait" not in dispatch_phases(sent=0.0, ready=0.0, received=9.0, clock=c)
+
+
+def test_a_preemption_notice_ends_the_wait() -> None:
+    gate = MemoryGate(budget=100, rss=lambda: 0)
+    notice = threading.Event()
+    entered = threading.Event()
+
+    def waiting() -> None:
+        with gate.hold(80, stop=notice.is_set):
+            entered.set()
+
+    with gate.hold(80):
+        t = threading.Thread(target=waiting)
+        t.start()
+        assert not entered.wait(0.3)
+        notice.set()  # the worker is going: the task hands back at once
+        assert entered.wait(5)
+    t.join(5)

@@ -100,11 +100,18 @@ class MemoryGate:
         self._warned = False
 
     @contextmanager
-    def hold(self, need: int, before_wait: Callable[[], None] | None = None) -> Iterator[float]:
+    def hold(
+        self,
+        need: int,
+        before_wait: Callable[[], None] | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> Iterator[float]:
         """Hold ``need`` bytes while the block runs; yields the seconds waited for them.
 
         ``before_wait`` runs once, outside the lock, if the attempt must wait:
-        the caller frees what it holds meanwhile (a model read ahead).
+        the caller frees what it holds meanwhile (a model read ahead). Once
+        ``stop()`` is true (a preemption notice) the wait ends at its next
+        check: the block runs at once, to hand the task back, not to train.
         """
         started = time.monotonic()
         with self._cond:
@@ -116,7 +123,7 @@ class MemoryGate:
         with self._cond:
             if must_wait:
                 self.waits += 1
-            while not self._fits(need):
+            while not self._fits(need) and not (stop is not None and stop()):
                 self._cond.wait(timeout=RECHECK_SECONDS)
             self.held += need
             self.in_flight += 1
@@ -195,13 +202,16 @@ def worker_gate(fraction: float) -> MemoryGate | None:
 
 @contextmanager
 def admitted(
-    gate: MemoryGate | None, need: int, before_wait: Callable[[], None] | None = None
+    gate: MemoryGate | None,
+    need: int,
+    before_wait: Callable[[], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> Iterator[float]:
     """:meth:`MemoryGate.hold` where there is a gate and an estimate; else at once (0 s)."""
     if gate is None or need <= 0:
         yield 0.0
         return
-    with gate.hold(need, before_wait) as waited:
+    with gate.hold(need, before_wait, stop) as waited:
         yield waited
 
 
