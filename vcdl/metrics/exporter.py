@@ -337,7 +337,7 @@ def families(
     yield _histograms(
         "vcdl_attempt_phase_seconds",
         "Seconds per phase of ended attempts (worker: claim, read, data, train, write, "
-        "record; driver: queued, scheduling, prefect).",
+        "record; driver: queued, memory_wait, scheduling, prefect).",
         run,
         "phase",
         dict(f.attempt_phases) if f else {},

@@ -95,8 +95,10 @@ def phase_means(attempts: list[Attempt]) -> dict[str, float]:
     weights), ``data``, ``train`` (the training loop), ``write`` (result);
     in the assimilator ``assimilator_*`` (read result and head, merge, write
     version, ledger); measured by the driver ``queued`` (waiting for a busy
-    worker: not overhead), ``scheduling`` (Dask handing the task to a free
-    worker) and ``prefect`` (the task engine around the attempt).
+    worker: not overhead), ``memory_wait`` (a slot held, waiting for the
+    worker's memory: :mod:`vcdl.worker.admission`), ``scheduling`` (Dask
+    handing the task to a free worker) and ``prefect`` (the task engine
+    around the attempt).
     """
     sums: dict[str, float] = defaultdict(float)
     n = 0
