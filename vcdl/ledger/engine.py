@@ -88,6 +88,9 @@ from vcdl.ledger import migrations
 from vcdl.redact import redact_url as redact_any_url
 
 log = logging.getLogger(__name__)
+# Retry jitter from its own generator: the global one is the user's (their
+# seeds, their reproducibility), and a driver process shares it with them.
+_JITTER = random.Random()
 
 T = TypeVar("T")
 
@@ -285,7 +288,7 @@ class LedgerEngine:
                 if transient and on_transient is not None:
                     raise on_transient() from exc
                 if transient and attempt + 1 < _TRANSIENT_RETRIES:
-                    time.sleep(random.uniform(0.005, 0.05) * (attempt + 1))
+                    time.sleep(_JITTER.uniform(0.005, 0.05) * (attempt + 1))
                     continue
                 raise self.error(exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
@@ -412,7 +415,7 @@ def _sqlite_wal(cursor: Any) -> None:
                 raise
         if time.monotonic() > deadline:
             raise sqlite3.OperationalError("database is locked (switching to WAL)")
-        time.sleep(random.uniform(0.001, 0.02))
+        time.sleep(_JITTER.uniform(0.001, 0.02))
 
 
 def _sqlite_on_begin(conn: Connection) -> None:

@@ -64,6 +64,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+# Retry jitter from its own generator: the global one is the user's (their
+# seeds, their reproducibility), and a driver process shares it with them.
+_JITTER = random.Random()
 
 M = TypeVar("M", bound=SQLModel)
 
@@ -263,7 +266,7 @@ class PgFastPath:
                     raise on_transient() from exc
                 if attempt + 1 == _TRANSIENT_RETRIES:
                     raise self._error(exc) from exc
-                time.sleep(random.uniform(0.005, 0.05) * (attempt + 1))
+                time.sleep(_JITTER.uniform(0.005, 0.05) * (attempt + 1))
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _once(self, sql: str, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
