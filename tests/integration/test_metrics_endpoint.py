@@ -62,12 +62,19 @@ def _value(s: Samples, name: str, **labels: str) -> float:
     return s.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
+# A run long enough that scrapes 0.25 s apart see it between its first and
+# last merge: 2 epochs of 2000 samples merged all 8 results within 0.7 s in
+# CI once, and no scrape fell in between.
+EPOCHS, SHARDS = 4, 4
+MERGES = EPOCHS * SHARDS
+
+
 def test_metrics_during_a_run_match_the_ledger(prefect_api: None, tmp_path: Path) -> None:
     port = _free_port()
     cfg = parse_config(
         {
-            "run": {"name": "metrics-run", "epochs": 2, "seed": 1},
-            "data": {"name": "mnist1d", "samples": 2000, "shards": 4},
+            "run": {"name": "metrics-run", "epochs": EPOCHS, "seed": 1},
+            "data": {"name": "mnist1d", "samples": 4000, "shards": SHARDS},
             "model": {"factory": "cnn1d", "kwargs": {"width": 16}},
             "train": {"lr": 1e-2, "batch_size": 100},
             "cluster": {"workers": 2},
@@ -88,7 +95,7 @@ def test_metrics_during_a_run_match_the_ledger(prefect_api: None, tmp_path: Path
     assert len(scrapes) >= 5, len(scrapes)
     running = [s for s in scrapes if _value(s, "vcdl_run_state", state="running") == 1]
     assert running, "no scrape saw the run running"
-    during = [s for s in running if 0 < _value(s, "vcdl_merges_total") < 8]
+    during = [s for s in running if 0 < _value(s, "vcdl_merges_total") < MERGES]
     assert during, "no scrape saw the run between its first and last merge"
     # Counters never fall from one scrape to the next.
     for a, b in itertools.pairwise(scrapes):
@@ -105,25 +112,25 @@ def test_metrics_during_a_run_match_the_ledger(prefect_api: None, tmp_path: Path
         subtasks = ledger.subtasks("metrics-run")
         tests = [e for e in ledger.evaluations("metrics-run") if e.split == "test"]
     states = Counter(a.state for a in attempts)
-    assert _value(final, "vcdl_head_version") == run.head_version == 8
-    assert _value(final, "vcdl_merges_total") == sum(1 for v in versions if v.subtask_id) == 8
+    assert _value(final, "vcdl_head_version") == run.head_version == MERGES
+    assert _value(final, "vcdl_merges_total") == sum(1 for v in versions if v.subtask_id) == MERGES
     assert _value(final, "vcdl_attempts_started_total") == len(attempts)
     for outcome in FINAL_OUTCOMES:
         assert _value(final, "vcdl_attempts_total", outcome=outcome) == states.get(outcome, 0)
     for state, n in states.items():
         assert _value(final, "vcdl_attempts_in_state", state=state) == n
     assert _value(final, "vcdl_reissues_total") == sum(max(0, s.attempts - 1) for s in subtasks)
-    assert _value(final, "vcdl_epochs_completed") == 2
-    assert _value(final, "vcdl_staleness_count") == 8
+    assert _value(final, "vcdl_epochs_completed") == EPOCHS
+    assert _value(final, "vcdl_staleness_count") == MERGES
     assert _value(final, "vcdl_merge_seconds_count") == states["merged"]
     assert _value(final, "vcdl_attempt_phase_seconds_count", phase="train") == len(
         [a for a in attempts if a.state in FINAL_OUTCOMES and a.timings]
     )
-    assert _value(final, "vcdl_eval_version") == tests[-1].version == 8
+    assert _value(final, "vcdl_eval_version") == tests[-1].version == MERGES
     assert _value(final, "vcdl_eval_metric", metric="loss") == pytest.approx(tests[-1].loss)
     assert 0 < _value(final, "vcdl_goodput") <= 1
     assert _value(final, "vcdl_spend_usd") > 0
-    print(f"run with metrics: {took:.1f} s, {len(scrapes)} scrapes")
+    print(f"run with metrics: {took:.1f} s, {len(scrapes)} scrapes, {len(during)} mid-run")
     # The endpoint is gone with the run.
     with pytest.raises((urllib.error.URLError, ConnectionError)):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
