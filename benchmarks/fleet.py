@@ -25,7 +25,10 @@ Options: ``--workers 8 32 64`` (several: one run each), ``--attempt-seconds
 30``, ``--params 25e6``, ``--epochs 2``, ``--set KEY=VALUE`` (config
 overrides, as ``vcdl train --set``), ``--json`` (only the JSON line).
 ``--real CONFIG`` trains a real config instead of sleeping (for a GPU
-machine: its own model, data and objective; ``--workers`` as above).
+machine: its own model, data and objective; ``--workers`` as above); it adds
+the device that trained, the training samples per second of a slot and the
+run's test metrics, so runs on different devices compare side by side
+(``benchmarks/gpu.sh``).
 
 Target (issue 33): >= 64 workers at >= 90 % utilization with 30-s attempts and
 25M parameters, driven from this 2-core machine; the largest N at >= 90 % is
@@ -105,6 +108,7 @@ def run(args: argparse.Namespace, workers: int, home: Path) -> dict[str, Any]:
     slots = cfg.cluster.workers * cfg.cluster.threads_per_worker
     train_s = sum(a.train_seconds or 0.0 for a in merged)
     cpu = (usage1.ru_utime - usage0.ru_utime) + (usage1.ru_stime - usage0.ru_stime)
+    samples = sum(a.samples or 0 for a in merged)
     phases: dict[str, list[float]] = {}
     for a in merged:
         for k, v in attempt_timings(a).items():
@@ -127,6 +131,25 @@ def run(args: argparse.Namespace, workers: int, home: Path) -> dict[str, Any]:
         "driver_cpu_per_wall": round(cpu / total, 3),
         "driver_peak_rss_gb": round(usage1.ru_maxrss * 1024 / 1e9, 2),
         "phases": {k: round(statistics.mean(v), 4) for k, v in sorted(phases.items())},
+        **(real_figures(cfg, summary, samples, train_s) if args.real else {}),
+    }
+
+
+def real_figures(
+    cfg: RunConfig, summary: dict[str, Any], samples: int, train_s: float
+) -> dict[str, Any]:
+    """What a real run adds: where it trained, how fast a slot trained, what it learned."""
+    import torch
+
+    from vcdl.worker.loop import resolve_device
+
+    device = resolve_device(cfg.train.device)
+    return {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "amp": cfg.train.amp,
+        "samples_per_train_s": round(samples / train_s, 1) if train_s else None,
+        "test_loss": summary.get("test_loss"),
+        "test_metrics": summary.get("test_metrics", {}),
     }
 
 
@@ -137,6 +160,12 @@ def print_run(r: dict[str, Any]) -> None:
         f"driver CPU {r['driver_cpu_per_wall']:.2f} cores, peak {r['driver_peak_rss_gb']} GB",
         flush=True,
     )
+    if "device" in r:
+        print(
+            f"  trained on {r['device']} (amp {r['amp']}): {r['samples_per_train_s']} samples/s "
+            f"a slot, test loss {r['test_loss']}",
+            flush=True,
+        )
     attempt = {k: v for k, v in r["phases"].items() if not k.startswith("assimilator")}
     merge = {k: v for k, v in r["phases"].items() if k.startswith("assimilator")}
     for label, part in (("  attempt", attempt), ("  merge", merge)):
@@ -183,7 +212,7 @@ def main() -> None:
         "largest_n_at_90": max(met) if met else None,
         "target_met": any(r["workers"] >= 64 and r["utilization"] >= TARGET for r in results),
     }
-    if not args.json:
+    if not args.json and not args.real:
         print(
             f"largest N at >= {100 * TARGET:.0f} % utilization: {verdict['largest_n_at_90']}; "
             f">= 64 workers at >= 90 %: {'met' if verdict['target_met'] else 'MISSED'}"

@@ -80,9 +80,14 @@ def _syncs(steps: int) -> int:
 
 
 def test_no_host_synchronisation_per_step() -> None:
-    # The same number of synchronising calls for 10 and 40 steps: set-up and
-    # the result's copy to the host, none per step.
-    assert _syncs(10) == _syncs(40)
+    # Set-up and the result's copy to the host synchronise; the steps must not.
+    # A warm-up attempt first: the first one in a process also pays one-off
+    # lazy initialisation (on an H100: 36 synchronising calls for the first
+    # 10-step attempt, 35 for a 40-step one after it).
+    _syncs(2)
+    short, long = _syncs(10), _syncs(40)
+    # 30 more steps: a synchronisation per step would add 30.
+    assert long <= short + 1, f"{short} synchronising calls for 10 steps, {long} for 40"
 
 
 def test_evaluation_on_cuda_matches_the_cpu() -> None:

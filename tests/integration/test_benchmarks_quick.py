@@ -101,6 +101,16 @@ def test_fleet_quick() -> None:
     assert r["phases"]["train"] >= 2.0 and "assimilator_merge" in r["phases"]
 
 
+def test_fleet_real_names_its_device_and_what_the_run_learned() -> None:
+    # --real trains a config (benchmarks/gpu.sh runs it on a GPU): the summary
+    # says where it trained, how fast a slot trained and the run's test figures.
+    res = _run("fleet.py", "--real", "examples/digits.toml", "--set", "run.epochs=1")
+    (r,) = res["results"]
+    assert r["merged"] == r["shards_per_epoch"] and r["attempt_seconds"] is None
+    assert r["device"] == "cpu" and r["amp"] is False and r["samples_per_train_s"] > 0
+    assert 0.0 <= r["test_metrics"]["accuracy"] <= 1.0 and r["test_loss"] > 0
+
+
 def test_big_merge_quick() -> None:
     res = _run("big_merge.py")
     assert res["benchmark"] == "big_merge"

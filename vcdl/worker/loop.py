@@ -227,6 +227,10 @@ def train_attempt(
                         every = checkpoint_seconds()
         if interrupted:
             break
+    if device.type == "cuda":
+        # The host runs ahead of the GPU by up to a queue of kernels; without
+        # this wait an attempt of a second or two counted only what was queued.
+        torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start - paused
     return TrainResult(
         state=snapshot(model),
