@@ -19,7 +19,15 @@ default up to 8) with N / processes threads each; each epoch has
 * the driver process's CPU (user + system seconds ÷ wall; the Dask scheduler
   runs in it) and its peak resident memory;
 * the mean seconds per phase of a merged attempt and of its merge (from the
-  ledger's ``attempt.timings``).
+  ledger's ``attempt.timings``);
+* the driver machine's CPU seconds per attempt over the same window: the
+  driver process (Dask scheduler, Prefect flow engine, ledger, merges) and
+  the Prefect API server (a child process), sampled every 0.5 s;
+* a projection from those costs, for workers on machines of their own (here
+  they share the driver's cores): the workers this machine's cores could
+  serve (cores ÷ CPU seconds per attempt × attempt seconds) and the workers
+  the serial merge could (attempt seconds ÷ seconds per merge), the smaller
+  of the two. A projection, not a measurement: say so wherever it is quoted.
 
 Options: ``--workers 8 32 64`` (several: one run each), ``--attempt-seconds
 30``, ``--params 25e6``, ``--epochs 2``, ``--set KEY=VALUE`` (config
@@ -41,6 +49,7 @@ reported.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -48,6 +57,7 @@ import resource
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -81,6 +91,88 @@ def make_config(args: argparse.Namespace, workers: int, home: Path) -> RunConfig
     return cfg.with_locations(home)
 
 
+class CpuSampler:
+    """CPU seconds of the driver process and of its Prefect API server, sampled.
+
+    The ephemeral Prefect API runs in a child process (uvicorn) that
+    ``getrusage`` does not see until it exits. Both are read every ``every``
+    seconds so the costs can be taken over the steady window (first
+    submission to last merge), without the server's start-up.
+    """
+
+    def __init__(self, every: float = 0.5) -> None:
+        import psutil
+
+        self._me = psutil.Process()
+        self._every = every
+        self._server: Any = None
+        self.samples: list[tuple[float, float, float]] = []  # (time, driver, server)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="fleet-cpu", daemon=True)
+
+    def _server_cpu(self) -> float:
+        import psutil
+
+        if self._server is None:
+            for child in self._me.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if "uvicorn" in " ".join(child.cmdline()):
+                        self._server = child
+                        break
+        if self._server is None:
+            return 0.0
+        try:
+            t = self._server.cpu_times()
+        except Exception:  # psutil.Error: the server is gone
+            return float("nan")
+        return float(t.user + t.system)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._every):
+            t = self._me.cpu_times()
+            self.samples.append((time.time(), t.user + t.system, self._server_cpu()))
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def between(self, start: float, end: float) -> tuple[float, float]:
+        """CPU seconds of (driver, API server) from ``start`` to ``end``, nearest samples."""
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2:
+            return float("nan"), float("nan")
+        (_, d0, s0), (_, d1, s1) = inside[0], inside[-1]
+        return d1 - d0, s1 - s0
+
+
+def projection(r: dict[str, Any], attempt_seconds: float, cores: int) -> dict[str, Any]:
+    """How many workers one driver machine could serve, from this run's per-attempt costs.
+
+    Where the workers run on their own machines, the driver's machine pays
+    only the driver process (Dask scheduler, ledger, merges) and the Prefect
+    API server per attempt; its ``cores`` then cap attempts per second, and
+    the serial merge caps merges per second at 1 ÷ its mean seconds. Each
+    worker finishes an attempt every ``attempt_seconds``, so N workers ask
+    for N ÷ attempt_seconds a second.
+    """
+    per_attempt = r["driver_cpu_s_per_attempt"] + r["api_cpu_s_per_attempt"]
+    merge_s = sum(v for k, v in r["phases"].items() if k.startswith("assimilator"))
+    # None where a cost measured nothing: it sets no limit.
+    by_cpu = round(cores / per_attempt * attempt_seconds) if per_attempt > 0 else None
+    by_merge = round(attempt_seconds / merge_s) if merge_s > 0 else None
+    bounds = [b for b in (by_cpu, by_merge) if b is not None]
+    return {
+        "cores": cores,
+        "workers_by_cpu": by_cpu,
+        "workers_by_merge": by_merge,
+        "max_workers": min(bounds) if bounds else None,
+    }
+
+
 def run(args: argparse.Namespace, workers: int, home: Path) -> dict[str, Any]:
     from vcdl import api
     from vcdl.ledger import attempt_timings
@@ -92,7 +184,7 @@ def run(args: argparse.Namespace, workers: int, home: Path) -> dict[str, Any]:
     assert cfg.ledger.url is not None and cfg.run.name is not None
     usage0 = resource.getrusage(resource.RUSAGE_SELF)
     started = time.time()
-    with dispatch_times() as submits:
+    with dispatch_times() as submits, CpuSampler() as cpu_use:
         summary = api.train(cfg, home=home)
     total = time.time() - started
     usage1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -109,6 +201,7 @@ def run(args: argparse.Namespace, workers: int, home: Path) -> dict[str, Any]:
     train_s = sum(a.train_seconds or 0.0 for a in merged)
     cpu = (usage1.ru_utime - usage0.ru_utime) + (usage1.ru_stime - usage0.ru_stime)
     samples = sum(a.samples or 0 for a in merged)
+    driver_window, api_window = cpu_use.between(first, last)
     phases: dict[str, list[float]] = {}
     for a in merged:
         for k, v in attempt_timings(a).items():
@@ -130,6 +223,8 @@ def run(args: argparse.Namespace, workers: int, home: Path) -> dict[str, Any]:
         "total_s": round(total, 1),
         "driver_cpu_per_wall": round(cpu / total, 3),
         "driver_peak_rss_gb": round(usage1.ru_maxrss * 1024 / 1e9, 2),
+        "driver_cpu_s_per_attempt": round(driver_window / len(attempts), 4),
+        "api_cpu_s_per_attempt": round(api_window / len(attempts), 4),
         "phases": {k: round(statistics.mean(v), 4) for k, v in sorted(phases.items())},
         **(real_figures(cfg, summary, samples, train_s) if args.real else {}),
     }
@@ -160,6 +255,19 @@ def print_run(r: dict[str, Any]) -> None:
         f"driver CPU {r['driver_cpu_per_wall']:.2f} cores, peak {r['driver_peak_rss_gb']} GB",
         flush=True,
     )
+    print(
+        f"  driver machine, CPU seconds an attempt: driver process "
+        f"{r['driver_cpu_s_per_attempt']:.3f}, Prefect API server {r['api_cpu_s_per_attempt']:.3f}",
+        flush=True,
+    )
+    if "projection" in r:
+        p = r["projection"]
+        print(
+            f"  projected, workers on their own machines: {p['max_workers']} workers "
+            f"({p['workers_by_cpu']} by the driver's {p['cores']} cores, "
+            f"{p['workers_by_merge']} by the serial merge)",
+            flush=True,
+        )
     if "device" in r:
         print(
             f"  trained on {r['device']} (amp {r['amp']}): {r['samples_per_train_s']} samples/s "
@@ -204,6 +312,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="vcdl-fleet-") as tmp:
         for n in args.workers:
             r = run(args, n, Path(tmp) / f"n{n}")
+            if not args.real:
+                r["projection"] = projection(r, args.attempt_seconds, os.cpu_count() or 1)
             results.append(r)
             if not args.json:
                 print_run(r)

@@ -99,6 +99,11 @@ def test_fleet_quick() -> None:
     # the wall is training even on a busy CI machine.
     assert 0.3 < r["utilization"] <= 1.0 and r["merges_per_s"] > 0
     assert r["phases"]["train"] >= 2.0 and "assimilator_merge" in r["phases"]
+    # The driver machine's CPU per attempt: its own process and the Prefect API
+    # server (a child process the sampler must find), and what they project.
+    assert r["driver_cpu_s_per_attempt"] > 0 and r["api_cpu_s_per_attempt"] > 0
+    p = r["projection"]
+    assert p["max_workers"] == min(p["workers_by_cpu"], p["workers_by_merge"]) > 0
 
 
 def test_fleet_real_names_its_device_and_what_the_run_learned() -> None:
