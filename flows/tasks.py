@@ -20,7 +20,7 @@ from vcdl.config import RunConfig
 from vcdl.driver.runs import evaluate_version
 from vcdl.ledger import evaluation_metrics
 from vcdl.runtime import RunRef
-from vcdl.worker.admission import admitted, attempt_bytes, worker_gate
+from vcdl.worker.admission import admitted, attempt_bytes, evaluation_bytes, worker_gate
 from vcdl.worker.attempt import ShardData, load_shard, run_attempt, state_bytes, worker_name
 from vcdl.worker.preemption import notice_received, preempted_result
 from vcdl.worker.slots import training_slot
@@ -85,6 +85,9 @@ def train_shard(
 # Per run, this process's last estimate of an attempt's bytes: for an attempt
 # whose read-ahead failed (it builds its model inside the attempt).
 _NEED: dict[str, int] = {}
+# Per run, the model's bytes as this process last read them: an evaluation's
+# estimate (it builds its model inside the library call).
+_MODEL_BYTES: dict[str, int] = {}
 
 
 def _attempt_need(run: str, data: ShardData | None, config: RunConfig) -> int:
@@ -92,14 +95,20 @@ def _attempt_need(run: str, data: ShardData | None, config: RunConfig) -> int:
     if data is None:
         return _NEED.get(run, 0)
     t = config.train
+    _MODEL_BYTES[run] = state_bytes(data.model.state_dict())
     need = attempt_bytes(
-        state_bytes(data.model.state_dict()),
+        _MODEL_BYTES[run],
         t.optimizer,
         t.momentum,
         config.merge.result_precision,
     )
     _NEED[run] = need
     return need
+
+
+def evaluation_need(run: str) -> int:
+    """Estimated bytes of evaluating ``run`` here; 0 (not gated) until an attempt read its model."""
+    return evaluation_bytes(_MODEL_BYTES.get(run, 0))
 
 
 def prefetch_shard(ref: RunRef, epoch: int, shard: int, config: RunConfig) -> ShardData | None:
@@ -120,7 +129,9 @@ def prefetch_shard(ref: RunRef, epoch: int, shard: int, config: RunConfig) -> Sh
 )
 def evaluate_head(ref: RunRef, config: RunConfig, version: int, epoch: int) -> dict[str, Any]:
     """Evaluate a version on the test split by the run's objective; record it in the ledger."""
-    ev = evaluate_version(ref, config, version, epoch=epoch)
+    gate = worker_gate(config.cluster.memory_admission)
+    with admitted(gate, evaluation_need(ref.run), stop=notice_received):
+        ev = evaluate_version(ref, config, version, epoch=epoch)
     return {
         "version": ev.version,
         "accuracy": ev.accuracy,

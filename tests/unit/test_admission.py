@@ -14,6 +14,7 @@ from vcdl.worker.admission import (
     admits,
     admitted,
     attempt_bytes,
+    evaluation_bytes,
     gate_for,
     optimizer_copies,
     reset_for_tests,
@@ -198,3 +199,23 @@ def test_a_preemption_notice_ends_the_wait() -> None:
         notice.set()  # the worker is going: the task hands back at once
         assert entered.wait(5)
     t.join(5)
+
+
+def test_an_evaluation_is_gated_by_the_model_an_attempt_read_here() -> None:
+    import types
+    from typing import cast
+
+    import torch
+
+    from flows import tasks
+    from vcdl.config import parse_config
+    from vcdl.worker.attempt import ShardData
+
+    assert evaluation_bytes(100 * MB) == 200 * MB
+    run = "eval-need-test"
+    # Before any attempt of the run in this process: no estimate, no gating.
+    assert tasks.evaluation_need(run) == 0
+    model = torch.nn.Linear(1000, 250)  # 250,250 float32 parameters
+    data = cast(ShardData, types.SimpleNamespace(model=model))
+    tasks._attempt_need(run, data, parse_config({}))
+    assert tasks.evaluation_need(run) == evaluation_bytes(250_250 * 4)

@@ -11,7 +11,10 @@ results in 4 minutes, through 10 restarts). Admitting attempts by their
 estimated bytes turns that into fewer attempts at once, and a warning that
 says what to change.
 
-* :func:`attempt_bytes` and :func:`admits` — the estimate and the rule. Pure.
+* :func:`attempt_bytes`, :func:`evaluation_bytes` and :func:`admits` — the
+  estimates and the rule. Pure. Evaluations go through the same gate: one
+  on the spare thread beside attempts that fill the budget would otherwise
+  push the worker over it.
 * :class:`MemoryGate` — one per worker process: attempts hold their
   estimate while they run; one that does not fit waits for others to end.
   An attempt alone on its worker is always admitted (else a model too big
@@ -33,6 +36,10 @@ log = logging.getLogger(__name__)
 #: Copies of the model's bytes every attempt holds at its peak: parameters,
 #: gradients, the base read from the store, the result's snapshot.
 BASE_COPIES = 4
+
+#: Copies of the model's bytes an evaluation holds: the model and the
+#: version's state it loads (its test rows come on top, from the data cache).
+EVAL_COPIES = 2
 
 #: How often a waiting attempt looks again without being woken (it is woken
 #: whenever an attempt ends): the process's resident memory may have fallen.
@@ -60,6 +67,11 @@ def attempt_bytes(
     """
     result = 1 if result_precision == "full" else 3
     return model_bytes * (BASE_COPIES + optimizer_copies(optimizer, momentum) + result)
+
+
+def evaluation_bytes(model_bytes: int) -> int:
+    """Estimated peak bytes of evaluating a version of a model of ``model_bytes``."""
+    return model_bytes * EVAL_COPIES
 
 
 def admits(
