@@ -82,28 +82,23 @@ def train_shard(
     return out
 
 
-# Per run, this process's last estimate of an attempt's bytes: for an attempt
-# whose read-ahead failed (it builds its model inside the attempt).
-_NEED: dict[str, int] = {}
-# Per run, the model's bytes as this process last read them: an evaluation's
-# estimate (it builds its model inside the library call).
+# Per run, the model's bytes as this process last read them: the estimate for
+# an attempt whose read-ahead failed, and for an evaluation (each builds its
+# model inside the library call).
 _MODEL_BYTES: dict[str, int] = {}
 
 
 def _attempt_need(run: str, data: ShardData | None, config: RunConfig) -> int:
-    """Estimated bytes of this attempt (:func:`vcdl.worker.admission.attempt_bytes`)."""
-    if data is None:
-        return _NEED.get(run, 0)
+    """Estimated bytes of this attempt (:func:`vcdl.worker.admission.attempt_bytes`).
+
+    0 (not gated) when neither this read-ahead nor an earlier one here read the model.
+    """
+    if data is not None:
+        _MODEL_BYTES[run] = state_bytes(data.model.state_dict())
     t = config.train
-    _MODEL_BYTES[run] = state_bytes(data.model.state_dict())
-    need = attempt_bytes(
-        _MODEL_BYTES[run],
-        t.optimizer,
-        t.momentum,
-        config.merge.result_precision,
+    return attempt_bytes(
+        _MODEL_BYTES.get(run, 0), t.optimizer, t.momentum, config.merge.result_precision
     )
-    _NEED[run] = need
-    return need
 
 
 def evaluation_need(run: str) -> int:

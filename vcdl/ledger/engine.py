@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import sqlite3
 import time
 from collections.abc import Callable
@@ -85,12 +84,10 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
 
 from vcdl.errors import LedgerError, LedgerNotFound, UnsupportedLedger
 from vcdl.ledger import migrations
+from vcdl.ledger.retry import TRANSIENT_RETRIES, TRANSIENT_SQLSTATES, jitter, transient_pause
 from vcdl.redact import redact_url as redact_any_url
 
 log = logging.getLogger(__name__)
-# Retry jitter from its own generator: the global one is the user's (their
-# seeds, their reproducibility), and a driver process shares it with them.
-_JITTER = random.Random()
 
 T = TypeVar("T")
 
@@ -107,10 +104,6 @@ _IDLE_SINCE: Final = "vcdl_idle_since"
 # Execution option that marks read-only connections: on SQLite they open with
 # a plain (deferred) BEGIN, so readers never queue behind the write lock.
 _READ_ONLY: Final = "vcdl_read_only"
-# PostgreSQL SQLSTATEs after which re-running the whole transaction is correct:
-# serialization_failure and deadlock_detected.
-_TRANSIENT_SQLSTATES: Final = frozenset({"40001", "40P01"})
-_TRANSIENT_RETRIES: Final = 8
 # Advisory lock key (with the schema's hash as the second key) that serializes
 # schema upgrades between processes opening the same PostgreSQL ledger.
 _SCHEMA_LOCK_KEY: Final = 0x7663646C  # "vcdl"
@@ -276,19 +269,19 @@ class LedgerEngine:
     ) -> T:
         # Even reads can fail with a serialization error when the server's
         # default isolation is SERIALIZABLE, so every transaction may be re-run.
-        for attempt in range(_TRANSIENT_RETRIES):
+        for attempt in range(TRANSIENT_RETRIES):
             try:
                 with engine.begin() as conn:
                     return fn(conn)
             except DBAPIError as exc:
                 sqlstate = getattr(exc.orig, "sqlstate", None)
-                transient = sqlstate in _TRANSIENT_SQLSTATES
+                transient = sqlstate in TRANSIENT_SQLSTATES
                 if transient:
                     log.debug("ledger transaction hit SQLSTATE %s (try %d)", sqlstate, attempt + 1)
                 if transient and on_transient is not None:
                     raise on_transient() from exc
-                if transient and attempt + 1 < _TRANSIENT_RETRIES:
-                    time.sleep(_JITTER.uniform(0.005, 0.05) * (attempt + 1))
+                if transient and attempt + 1 < TRANSIENT_RETRIES:
+                    transient_pause(attempt)
                     continue
                 raise self.error(exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
@@ -415,7 +408,7 @@ def _sqlite_wal(cursor: Any) -> None:
                 raise
         if time.monotonic() > deadline:
             raise sqlite3.OperationalError("database is locked (switching to WAL)")
-        time.sleep(_JITTER.uniform(0.001, 0.02))
+        time.sleep(jitter(0.001, 0.02))
 
 
 def _sqlite_on_begin(conn: Connection) -> None:

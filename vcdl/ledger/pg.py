@@ -28,8 +28,6 @@ invalidates the pool, so the next call reconnects.
 from __future__ import annotations
 
 import logging
-import random
-import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
@@ -40,6 +38,7 @@ from sqlmodel import SQLModel
 
 from vcdl.errors import LedgerError
 from vcdl.ledger.models import UTCDateTime
+from vcdl.ledger.retry import TRANSIENT_RETRIES, TRANSIENT_SQLSTATES, transient_pause
 from vcdl.ledger.rows import load
 from vcdl.states import (
     ATTEMPT_MOVES,
@@ -64,15 +63,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-# Retry jitter from its own generator: the global one is the user's (their
-# seeds, their reproducibility), and a driver process shares it with them.
-_JITTER = random.Random()
 
 M = TypeVar("M", bound=SQLModel)
-
-# serialization_failure, deadlock_detected: re-running the statement is correct.
-_TRANSIENT_SQLSTATES: Final = frozenset({"40001", "40P01"})
-_TRANSIENT_RETRIES: Final = 8
 
 
 class RowLoader(Generic[M]):
@@ -252,21 +244,21 @@ class PgFastPath:
         on_transient: Callable[[], LedgerError] | None = None,
     ) -> tuple[Any, ...] | None:
         """The first row ``sql`` returns with ``params``, or None; committed when it returns."""
-        for attempt in range(_TRANSIENT_RETRIES):
+        for attempt in range(TRANSIENT_RETRIES):
             try:
                 return self._once(sql, params)
             except self._psycopg.errors.IntegrityError as exc:
                 raise IntegrityError(sql, dict(params), exc) from exc
             except self._psycopg.Error as exc:
                 sqlstate = exc.sqlstate
-                if sqlstate not in _TRANSIENT_SQLSTATES:
+                if sqlstate not in TRANSIENT_SQLSTATES:
                     raise self._error(exc) from exc
                 log.debug("ledger statement hit SQLSTATE %s (try %d)", sqlstate, attempt + 1)
                 if on_transient is not None:
                     raise on_transient() from exc
-                if attempt + 1 == _TRANSIENT_RETRIES:
+                if attempt + 1 == TRANSIENT_RETRIES:
                     raise self._error(exc) from exc
-                time.sleep(_JITTER.uniform(0.005, 0.05) * (attempt + 1))
+                transient_pause(attempt)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _once(self, sql: str, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
