@@ -41,12 +41,26 @@ DEFAULT_HOME = ".vcdl"
 _IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 
+def _no_nul_byte(value: str | None, what: str) -> str | None:
+    """``value`` unless it holds a NUL byte, which no OS path or URL can carry."""
+    if value is not None and "\x00" in value:
+        raise ValueError(f"must be {what} without a NUL byte")
+    return value
+
+
+# The longest name a file system takes for one file or directory (NAME_MAX).
+_NAME_MAX = 255
+
+
 def _usable_path(value: str | None) -> str | None:
-    """A path setting that the OS can take: no NUL byte, no ``~user`` of an unknown user."""
+    """A path setting that the OS can take: no NUL byte, no name over NAME_MAX bytes,
+    no ``~user`` of an unknown user."""
     if value is None:
         return value
-    if "\x00" in value:
-        raise ValueError("must be a path without a NUL byte")
+    _no_nul_byte(value, "a path")
+    # surrogatepass: a lone surrogate counts its bytes here instead of raising.
+    if any(len(part.encode(errors="surrogatepass")) > _NAME_MAX for part in Path(value).parts):
+        raise ValueError(f"has a name longer than {_NAME_MAX} bytes (the file system's limit)")
     try:
         Path(value).expanduser()
     except RuntimeError:
@@ -382,6 +396,9 @@ class StoreSection(_Section):
     @field_validator("url")
     @classmethod
     def _no_credentials_in_url(cls, url: str | None) -> str | None:
+        if url is not None and "://" not in url:
+            url = _usable_path(url)  # a local directory
+        url = _no_nul_byte(url, "a directory or s3:// URL")
         return _no_url_secrets(url, "use the AWS credential chain (env, profile, role)")
 
     @field_validator("storage_options")
@@ -418,7 +435,7 @@ class LedgerSection(_Section):
     @field_validator("url")
     @classmethod
     def _supported_without_password(cls, url: str | None) -> str | None:
-        url = _no_url_secrets(url, "set PGPASSWORD or use ~/.pgpass")
+        url = _no_url_secrets(_no_nul_byte(url, "a URL"), "set PGPASSWORD or use ~/.pgpass")
         backend = url.split("://", 1)[0].split("+", 1)[0] if url and "://" in url else None
         if url and backend not in ("sqlite", "postgresql"):
             # Checked here, before anything starts, not when the ledger is opened.

@@ -117,3 +117,22 @@ def test_global_batch_size_is_every_workers_batch_together() -> None:
 def test_split_cache_default() -> None:
     assert parse_config({}).data.cache_mb == 256
     assert parse_config({"data": {"cache_mb": 0}}).data.cache_mb == 0
+
+
+@pytest.mark.parametrize("section", ["store", "ledger"])
+def test_a_location_with_a_nul_byte_is_a_config_error(section: str) -> None:
+    # Found by the config fuzz: store.url "\x00" passed the config and failed
+    # when the store opened, as a run-time error (exit 1) instead of exit 2.
+    url = "sqlite:///a\x00b.db" if section == "ledger" else "dir\x00/store"
+    with pytest.raises(ConfigError, match="without a NUL byte") as info:
+        parse_config({section: {"url": url}})
+    assert info.value.exit_code == 2
+
+
+def test_a_local_store_with_a_name_over_the_file_system_limit_is_a_config_error() -> None:
+    # Found by the config fuzz: a 4000-character store.url failed when the store
+    # opened ("File name too long"), exit 1 instead of exit 2.
+    with pytest.raises(ConfigError, match="longer than 255 bytes") as info:
+        parse_config({"store": {"url": "x" * 4000}})
+    assert info.value.exit_code == 2
+    assert parse_config({"store": {"url": "s3://bucket/" + "x" * 200}}).store.url
