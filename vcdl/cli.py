@@ -1,7 +1,8 @@
 """The ``vcdl`` command line: parses, calls the library or a flow, prints. No logic.
 
 Exit codes: 0 success, 1 failure at run time (or audit violations), 2 bad
-input (config, data set, model, unknown run), 130 interrupted.
+input (config, data set, model, unknown run), 130 interrupted (Ctrl-C), 143
+terminated (SIGTERM: a spot notice, ``docker stop``; :mod:`vcdl.termination`).
 
 Longer than ~500 lines on purpose: one parser and one thin printer per
 command, read side by side; a package per command is the next CLI change.
@@ -23,6 +24,7 @@ from typing import Any, NoReturn
 from vcdl.cli_json import JSON_OPTION, emit, error_document, json_mode, report, wants_json
 from vcdl.config import resolve_home
 from vcdl.errors import ConfigError, VcdlError
+from vcdl.termination import TERMINATED_EXIT, Terminated, sigterm_as_interrupt
 
 #: Seconds `vcdl gc` holds the run's lease between renewals (a killed gc is waited out this long).
 GC_LEASE_TTL = 10.0
@@ -671,13 +673,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Only a command that has --json answers in JSON; the parser refused it elsewhere.
     as_json = bool(getattr(args, "json", False))
     try:
-        with json_mode() if as_json else contextlib.nullcontext():
+        with sigterm_as_interrupt(), json_mode() if as_json else contextlib.nullcontext():
             code = _dispatch(args)
         # Inside the try: a reader that already left (`| head`) breaks the
         # pipe here, not in the interpreter's own flush at exit.
         sys.stdout.flush()
     except VcdlError as exc:
         _fail(str(exc), exc.exit_code, as_json, type(exc).__name__)
+    except Terminated:
+        _fail(
+            "terminated (SIGTERM); `vcdl resume RUN` continues from the ledger",
+            TERMINATED_EXIT,
+            as_json,
+            "Terminated",
+        )
     except KeyboardInterrupt:
         _fail(
             "interrupted; `vcdl resume RUN` continues from the ledger", 130, as_json, "Interrupted"
