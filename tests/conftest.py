@@ -34,6 +34,20 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         yield
 
 
+@pytest.fixture(scope="session")
+def prefect_api_url(prefect_api: None) -> str:
+    """The session's Prefect API server, for ``vcdl`` subprocesses whose subject is
+    not Prefect's temporary server: each process would otherwise start one of its
+    own, ~18 s here with a fresh PREFECT_HOME, most of a small test run. The tests
+    of the default path (the README's commands, the examples, the chaos run,
+    SIGTERM) keep their own."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    assert url, "prefect_test_harness set no API URL"
+    return str(url)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--runslow", action="store_true", help="also run tests marked slow")
 

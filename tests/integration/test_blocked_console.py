@@ -51,14 +51,21 @@ def _drain(fd: int, into: list[bytes]) -> None:
             into.append(chunk)
 
 
-def test_a_console_nobody_reads_does_not_stall_the_run(tmp_path: Path) -> None:
+def test_a_console_nobody_reads_does_not_stall_the_run(
+    tmp_path: Path, prefect_api_url: str
+) -> None:
     home = tmp_path / "home"
     home.mkdir()
     config = tmp_path / "blocked.toml"
     config.write_text(CONFIG)
     r, w = os.pipe()
     fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)
-    env = dict(os.environ, PREFECT_HOME=str(home / "prefect"), VCDL_HOME=str(home))
+    env = dict(
+        os.environ,
+        PREFECT_HOME=str(home / "prefect"),
+        VCDL_HOME=str(home),
+        PREFECT_API_URL=prefect_api_url,
+    )
     proc = subprocess.Popen(
         [sys.executable, "-m", "vcdl.cli", "train", str(config), "--verbose", "--home", str(home)],
         env=env,

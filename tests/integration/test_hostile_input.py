@@ -143,7 +143,7 @@ def test_a_planted_secret_is_refused_and_never_shown(
 
 
 @pytest.mark.slow
-def test_with_the_allowance_the_factory_trains(tmp_path: Path) -> None:
+def test_with_the_allowance_the_factory_trains(tmp_path: Path, prefect_api_url: str) -> None:
     """The same refused module, allowed by the operator: imported, and the run completes."""
     cfg, lib, marker = _marker_job(tmp_path, "vcdl_hostile_marker_b")
     home = tmp_path / "home"
@@ -158,6 +158,7 @@ def test_with_the_allowance_the_factory_trains(tmp_path: Path) -> None:
                 "PYTHONPATH": os.pathsep.join([str(lib), str(Path(__file__).parents[2])]),
                 "VCDL_ALLOW_IMPORTS": allow,
                 "PREFECT_HOME": str(tmp_path / "prefect"),
+                "PREFECT_API_URL": prefect_api_url,
             },
             capture_output=True,
             text=True,

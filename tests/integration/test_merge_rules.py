@@ -108,8 +108,13 @@ def test_each_rule_trains_a_two_epoch_run(prefect_api: None, tmp_path: Path, rul
         assert int(rule_state(ref)[STEP_KEY]) == 8
 
 
-def _cli(home: Path, *args: str) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PREFECT_HOME=str(home / "prefect"), VCDL_HOME=str(home))
+def _cli(home: Path, api_url: str, *args: str) -> subprocess.Popen[bytes]:
+    env = dict(
+        os.environ,
+        PREFECT_HOME=str(home / "prefect"),
+        VCDL_HOME=str(home),
+        PREFECT_API_URL=api_url,
+    )
     home.mkdir(parents=True, exist_ok=True)
     with open(home / f"{args[0]}.log", "ab") as out:
         return subprocess.Popen(
@@ -123,7 +128,7 @@ def _cli(home: Path, *args: str) -> subprocess.Popen[bytes]:
 
 @pytest.mark.slow
 @pytest.mark.chaos
-def test_diloco_momentum_survives_a_killed_driver(prefect_api: None, tmp_path: Path) -> None:
+def test_diloco_momentum_survives_a_killed_driver(prefect_api_url: str, tmp_path: Path) -> None:
     home = tmp_path / "home"
     cfg_path = tmp_path / "dl.toml"
     cfg_path.write_text(
@@ -133,7 +138,7 @@ def test_diloco_momentum_survives_a_killed_driver(prefect_api: None, tmp_path: P
         "[train]\nlr = 1e-2\nbatch_size = 50\nlocal_epochs = 3\n"
         '[merge]\nrule = "diloco"\nalpha = 0.5\n'
     )
-    driver = _cli(home, "train", str(cfg_path))
+    driver = _cli(home, prefect_api_url, "train", str(cfg_path))
     ledger_url = f"sqlite:///{home / 'ledger.db'}"
     try:
         deadline = time.monotonic() + 300

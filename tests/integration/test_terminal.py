@@ -41,7 +41,9 @@ ESCAPE = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|.)")
 PREFECT_INFO = re.compile(r"\|\s*INFO\s*\|")
 
 
-def _setup(tmp_path: Path, epochs: int) -> tuple[list[str], dict[str, str], Path]:
+def _setup(
+    tmp_path: Path, epochs: int, api_url: str | None = None
+) -> tuple[list[str], dict[str, str], Path]:
     home = tmp_path / "home"
     cfg = tmp_path / "term.toml"
     cfg.write_text(CONFIG.format(epochs=epochs))
@@ -55,6 +57,8 @@ def _setup(tmp_path: Path, epochs: int) -> tuple[list[str], dict[str, str], Path
         TERM="xterm-256color",
     )
     env.pop("NO_COLOR", None)
+    if api_url is not None:
+        env["PREFECT_API_URL"] = api_url
     argv = [sys.executable, "-m", "vcdl.cli", "train", str(cfg), "--home", str(home)]
     return argv, env, home
 
@@ -122,9 +126,9 @@ def test_a_terminal_gets_a_live_display_and_the_log_goes_to_a_file(tmp_path: Pat
     assert "per merged attempt, mean seconds:" in after
 
 
-def test_piped_output_is_plain_lines(tmp_path: Path) -> None:
+def test_piped_output_is_plain_lines(tmp_path: Path, prefect_api_url: str) -> None:
     """Piped, with -v: progress lines and Prefect's, no escape sequence or carriage return."""
-    argv, env, home = _setup(tmp_path, epochs=1)
+    argv, env, home = _setup(tmp_path, epochs=1, api_url=prefect_api_url)
     started = time.monotonic()
     out = subprocess.run(
         [*argv, "-v"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=240

@@ -88,7 +88,9 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env | extra
 
 
-def test_a_local_cluster_run_imports_the_modules_beside_its_config(tmp_path: Path) -> None:
+def test_a_local_cluster_run_imports_the_modules_beside_its_config(
+    tmp_path: Path, prefect_api_url: str
+) -> None:
     cfg = write_job(tmp_path)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -96,7 +98,7 @@ def test_a_local_cluster_run_imports_the_modules_beside_its_config(tmp_path: Pat
     proc = subprocess.run(
         [sys.executable, "-m", "vcdl.cli", "train", str(cfg), "--home", str(home), "--json"],
         cwd=elsewhere,
-        env=clean_env(PREFECT_HOME=str(tmp_path / "prefect")),
+        env=clean_env(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_API_URL=prefect_api_url),
         capture_output=True,
         text=True,
         timeout=500,
