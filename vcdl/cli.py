@@ -680,17 +680,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
     except VcdlError as exc:
         _fail(str(exc), exc.exit_code, as_json, type(exc).__name__)
-    except Terminated:
-        _fail(
-            "terminated (SIGTERM); `vcdl resume RUN` continues from the ledger",
-            TERMINATED_EXIT,
-            as_json,
-            "Terminated",
+    except KeyboardInterrupt as exc:
+        # Only a run has something to resume (`vcdl serve` or `vcdl chaos` do not).
+        hint = (
+            "; `vcdl resume RUN` continues from the ledger"
+            if args.command in ("train", "resume")
+            else ""
         )
-    except KeyboardInterrupt:
-        _fail(
-            "interrupted; `vcdl resume RUN` continues from the ledger", 130, as_json, "Interrupted"
-        )
+        if isinstance(exc, Terminated):
+            _fail(f"terminated (SIGTERM){hint}", TERMINATED_EXIT, as_json, "Terminated")
+        _fail(f"interrupted{hint}", 130, as_json, "Interrupted")
     except BrokenPipeError:
         # The reader took what it wanted: stop quietly, as `cat` does. Python's
         # final flush would raise again on the closed pipe, so stdout goes to

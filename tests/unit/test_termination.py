@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -46,11 +47,14 @@ def test_the_cli_says_terminated_and_exits_143(
 
     monkeypatch.setattr("vcdl.cli._dispatch", dispatch)
     with pytest.raises(SystemExit) as exit_:
-        main(["runs"])
+        main(["resume", "some-run"])
     assert exit_.value.code == TERMINATED_EXIT == 143
     err = capsys.readouterr().err
     assert err == "vcdl: error: terminated (SIGTERM); `vcdl resume RUN` continues from the ledger\n"
+    # A command with no run to resume says only what happened.
     with pytest.raises(SystemExit) as exit_:
         main(["runs", "--json"])
     assert exit_.value.code == 143
-    assert '"type": "Terminated"' in capsys.readouterr().err
+    doc = json.loads(capsys.readouterr().err)
+    assert doc["error"]["type"] == "Terminated"
+    assert doc["error"]["message"] == "terminated (SIGTERM)"
