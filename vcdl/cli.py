@@ -262,6 +262,12 @@ def _check_scheduler(address: str, timeout: float = 20.0) -> None:
     problem = scheduler_address_problem(address)
     if problem:
         raise ConfigError(f"bad scheduler address {shown!r}: {problem}")
+    unreachable = _unreachable(address, timeout)
+    if unreachable:
+        raise ConfigError(
+            f"no Dask scheduler answered at {shown} ({unreachable}); "
+            "is `dask scheduler` running there?"
+        )
     from distributed import Client
 
     try:
@@ -272,6 +278,34 @@ def _check_scheduler(address: str, timeout: float = 20.0) -> None:
             f"no Dask scheduler answered at {shown} within {timeout:.0f} s "
             f"({type(exc).__name__}); is `dask scheduler` running there?"
         ) from None
+
+
+def _unreachable(address: str, timeout: float) -> str | None:
+    """Why nothing can be reached at a tcp:// or tls:// address, or None.
+
+    A closed port (refused at once: Dask's client would retry it until its
+    timeout), a host that does not answer, a name that does not resolve. A
+    listener of another kind is left to the Dask handshake to judge.
+    """
+    import socket
+
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    try:
+        scheme, location = parse_address(address)
+        if scheme not in ("tcp", "tls"):
+            return None
+        host, port = parse_host_port(location)
+        socket.create_connection((host, port), timeout=timeout).close()
+    except ConnectionRefusedError:
+        return "connection refused"
+    except TimeoutError:
+        return f"no answer within {timeout:.0f} s"
+    except socket.gaierror as exc:
+        return f"host not found: {exc.strerror}"
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _check_chaos(
@@ -317,6 +351,10 @@ def _train(args: argparse.Namespace) -> int:
             overrides=[*args.overrides, *port],
             home=home,
         )
+    if cfg.cluster.address:
+        # Before the run is recorded: a mistyped address or a scheduler not yet
+        # up is one line now, not a traceback after the connect timeout.
+        _check_scheduler(cfg.cluster.address)
     api.prepare_prefect(home)
     assert cfg.run.name is not None and cfg.ledger.url is not None
     where = cfg.cluster.address or f"{cfg.cluster.workers} local workers"

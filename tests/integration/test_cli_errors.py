@@ -341,3 +341,36 @@ def test_a_taken_metrics_port_fails_the_cli_before_anything_is_written(
             assert info.value.code == 2 and len(lines) == 1, err
             assert lines[0].startswith("vcdl: error: ") and "metrics.port" in lines[0], err
     assert not home.exists()
+
+
+@pytest.mark.parametrize("command", ["train", "resume"])
+def test_a_cluster_address_nobody_listens_at_is_one_line_before_the_run_starts(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A mistyped port, or a scheduler not up yet: before, the flow waited out its 60-s
+    connect timeout and ended in a traceback, leaving a failed run in the ledger."""
+    import time
+
+    cfg = tmp_path / "good.toml"
+    cfg.write_text(GOOD)
+    home = tmp_path / "home"
+    address = f"tcp://127.0.0.1:{_closed_port()}"
+    if command == "resume":
+        # A run recorded on a scheduler that is gone by the time it is resumed.
+        from vcdl import api
+        from vcdl.config import load_config
+        from vcdl.driver.runs import prepare_run
+
+        sets = ["run.name=gone", f"cluster.address={address}"]
+        prepare_run(api.resolve(load_config(cfg, sets), home=home))
+        argv = ["resume", "gone", "--home", str(home)]
+    else:
+        argv = ["train", str(cfg), "--home", str(home), "--set", f"cluster.address={address}"]
+    started = time.monotonic()
+    code, err = _run(argv, capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert f"no Dask scheduler answered at {address} (connection refused)" in lines[0]
+    assert time.monotonic() - started < 10
+    if command == "train":
+        assert _no_runs(home)
