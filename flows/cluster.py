@@ -31,7 +31,8 @@ from flows.workarounds.forkserver import forked_workers
 from flows.workarounds.warmup import WarmupPlugin
 from flows.workarounds.watchdog import ClusterWatchdog
 from vcdl.config import RunConfig
-from vcdl.errors import ModelError
+from vcdl.errors import ClusterUnreachable, ModelError
+from vcdl.reach import scheduler_unreachable
 from vcdl.usercode import (
     bundle,
     code_dirs,
@@ -150,7 +151,19 @@ def dask_cluster(cfg: RunConfig) -> Iterator[str]:
     """Yield a scheduler address: the configured one, or a LocalCluster's."""
     quiet_benign_logs()
     if cfg.cluster.address:
-        register_worker_plugins(cfg.cluster.address)
+        # Before the first client: a run started without the CLI's check (a
+        # deployment, the API) says what is wrong at once, not after Dask's
+        # connect timeout in a traceback.
+        problem = scheduler_unreachable(cfg.cluster.address)
+        try:
+            if problem is not None:
+                raise OSError(problem)
+            register_worker_plugins(cfg.cluster.address)
+        except OSError as exc:
+            raise ClusterUnreachable(
+                f"no Dask scheduler answered at {cfg.cluster.address[:200]} ({exc}); "
+                "is `dask scheduler` running there?"
+            ) from None
         allow_run_imports(cfg.cluster.address, cfg)
         ship_user_code(cfg.cluster.address, cfg)
         yield cfg.cluster.address

@@ -257,12 +257,13 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
 def _check_scheduler(address: str, timeout: float = 20.0) -> None:
     """A Dask scheduler answers at ``address``, or one line saying what is wrong with it."""
     from vcdl.config import scheduler_address_problem
+    from vcdl.reach import scheduler_unreachable
 
     shown = address[:200]
     problem = scheduler_address_problem(address)
     if problem:
         raise ConfigError(f"bad scheduler address {shown!r}: {problem}")
-    unreachable = _unreachable(address, timeout)
+    unreachable = scheduler_unreachable(address, timeout)
     if unreachable:
         raise ConfigError(
             f"no Dask scheduler answered at {shown} ({unreachable}); "
@@ -278,34 +279,6 @@ def _check_scheduler(address: str, timeout: float = 20.0) -> None:
             f"no Dask scheduler answered at {shown} within {timeout:.0f} s "
             f"({type(exc).__name__}); is `dask scheduler` running there?"
         ) from None
-
-
-def _unreachable(address: str, timeout: float) -> str | None:
-    """Why nothing can be reached at a tcp:// or tls:// address, or None.
-
-    A closed port (refused at once: Dask's client would retry it until its
-    timeout), a host that does not answer, a name that does not resolve. A
-    listener of another kind is left to the Dask handshake to judge.
-    """
-    import socket
-
-    from distributed.comm.addressing import parse_address, parse_host_port
-
-    try:
-        scheme, location = parse_address(address)
-        if scheme not in ("tcp", "tls"):
-            return None
-        host, port = parse_host_port(location)
-        socket.create_connection((host, port), timeout=timeout).close()
-    except ConnectionRefusedError:
-        return "connection refused"
-    except TimeoutError:
-        return f"no answer within {timeout:.0f} s"
-    except socket.gaierror as exc:
-        return f"host not found: {exc.strerror}"
-    except (OSError, ValueError):
-        return None
-    return None
 
 
 def _check_chaos(

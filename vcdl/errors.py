@@ -117,5 +117,9 @@ class LeaseHeld(LedgerError):
     """Another driver process holds the run's lease."""
 
 
+class ClusterUnreachable(VcdlError, ConnectionError):
+    """No Dask scheduler answered at the configured ``cluster.address``."""
+
+
 class EpochFailed(VcdlError, RuntimeError):
     """No shard of an epoch could be merged: every attempt failed or was rejected."""

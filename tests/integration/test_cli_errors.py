@@ -374,3 +374,23 @@ def test_a_cluster_address_nobody_listens_at_is_one_line_before_the_run_starts(
     assert time.monotonic() - started < 10
     if command == "train":
         assert _no_runs(home)
+
+
+def test_a_run_started_without_the_cli_says_the_same_at_once(
+    prefect_api: None, tmp_path: Path
+) -> None:
+    """A deployment or an API call skips the CLI's check: the flow asks before its first
+    client, and fails with the same sentence instead of Dask's 60-s timeout."""
+    import time
+
+    from vcdl import api
+    from vcdl.config import load_config
+    from vcdl.errors import ClusterUnreachable
+
+    cfg = tmp_path / "good.toml"
+    cfg.write_text(GOOD)
+    address = f"tcp://127.0.0.1:{_closed_port()}"
+    started = time.monotonic()
+    with pytest.raises(ClusterUnreachable, match=r"\(connection refused\); is `dask scheduler`"):
+        api.train(load_config(cfg, ["run.name=api", f"cluster.address={address}"]), home=tmp_path)
+    assert time.monotonic() - started < 30
