@@ -82,9 +82,10 @@ def test_sigterm_stops_the_driver_like_ctrl_c_and_leaves_no_process(tmp_path: Pa
         for p in children:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
-    # Not left "running": nobody needs to wait out the driver's lease.
+    # Not left "running", and the lease given back: a resume need not wait it out.
     run = Ledger(ledger_url).get_run("term")
     assert run.state == "failed" and run.epochs_completed < 15, run
+    assert run.lease_owner is None, run
 
     resumed = subprocess.run(
         _cli(home, "resume", "term"), env=env, capture_output=True, text=True, timeout=400
