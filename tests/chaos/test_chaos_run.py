@@ -16,11 +16,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.driverwait import wait_for_run
 from vcdl import api
 from vcdl.config import load_config
 from vcdl.driver.retrain import pick_version
@@ -108,17 +108,16 @@ def test_chaos_run_matches_fault_free(prefect_api: None, tmp_path: Path) -> None
         str(log),
     )
     ledger_url = f"sqlite:///{home / 'ledger.db'}"
-    deadline = time.monotonic() + 900
     try:
-        while time.monotonic() < deadline:
-            assert driver.poll() is None, _tail(home, "train")
-            if (home / "ledger.db").exists():
-                run = Ledger(ledger_url).find_run("chaos")
-                if run is not None and run.epochs_completed >= 4:
-                    break
-            time.sleep(1)
-        else:
-            pytest.fail(f"the chaos run did not reach epoch 4 in time:\n{_tail(home, 'train')}")
+        wait_for_run(
+            driver,
+            home / "ledger.db",
+            "chaos",
+            lambda run: run.epochs_completed >= 4,
+            timeout=900,
+            tail=lambda: _tail(home, "train"),
+            poll=1,
+        )
         driver.send_signal(signal.SIGKILL)  # the driver dies mid-run, no cleanup
         driver.wait(30)
     finally:

@@ -15,12 +15,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.driverwait import wait_for_run
 from vcdl import api
 from vcdl.config import RunConfig, parse_config
 from vcdl.driver.assimilator import merge_attempt
@@ -141,15 +141,15 @@ def test_diloco_momentum_survives_a_killed_driver(prefect_api_url: str, tmp_path
     driver = _cli(home, prefect_api_url, "train", str(cfg_path))
     ledger_url = f"sqlite:///{home / 'ledger.db'}"
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            assert driver.poll() is None, (home / "train.log").read_text()[-3000:]
-            run = Ledger(ledger_url).find_run("dl-kill") if (home / "ledger.db").exists() else None
-            if run is not None and 5 <= run.head_version < 12:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("the run did not get part-way in time")
+        wait_for_run(
+            driver,
+            home / "ledger.db",
+            "dl-kill",
+            lambda run: 5 <= run.head_version < 12,
+            timeout=300,
+            tail=lambda: (home / "train.log").read_text()[-3000:],
+            poll=0.2,
+        )
         driver.send_signal(signal.SIGKILL)  # mid-run, no cleanup
         driver.wait(30)
     finally:

@@ -14,12 +14,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
+from tests.driverwait import wait_for_run
 from vcdl.ledger import Ledger
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,16 +53,14 @@ def test_sigterm_stops_the_driver_like_ctrl_c_and_leaves_no_process(tmp_path: Pa
     ledger_url = f"sqlite:///{home / 'ledger.db'}"
     children: list[psutil.Process] = []
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            assert driver.poll() is None, err.read_text()[-3000:]
-            if (home / "ledger.db").exists():
-                run = Ledger(ledger_url).find_run("term")
-                if run is not None and run.head_version >= 1:
-                    break
-            time.sleep(0.5)
-        else:
-            pytest.fail(f"no merge within 240 s:\n{err.read_text()[-3000:]}")
+        wait_for_run(
+            driver,
+            home / "ledger.db",
+            "term",
+            lambda run: run.head_version >= 1,
+            timeout=240,
+            tail=lambda: err.read_text()[-3000:],
+        )
         children = psutil.Process(driver.pid).children(recursive=True)
         # The API server and the Dask cluster's processes: what was left behind.
         assert len(children) >= 2, children
