@@ -32,7 +32,7 @@ from flows.workarounds.warmup import WarmupPlugin
 from flows.workarounds.watchdog import ClusterWatchdog
 from vcdl.config import RunConfig
 from vcdl.errors import ClusterUnreachable, ModelError
-from vcdl.reach import scheduler_unreachable
+from vcdl.reach import no_scheduler, scheduler_unreachable
 from vcdl.usercode import (
     bundle,
     code_dirs,
@@ -155,15 +155,13 @@ def dask_cluster(cfg: RunConfig) -> Iterator[str]:
         # deployment, the API) says what is wrong at once, not after Dask's
         # connect timeout in a traceback.
         problem = scheduler_unreachable(cfg.cluster.address)
-        try:
-            if problem is not None:
-                raise OSError(problem)
-            register_worker_plugins(cfg.cluster.address)
-        except OSError as exc:
-            raise ClusterUnreachable(
-                f"no Dask scheduler answered at {cfg.cluster.address[:200]} ({exc}); "
-                "is `dask scheduler` running there?"
-            ) from None
+        if problem is None:
+            try:
+                register_worker_plugins(cfg.cluster.address)
+            except OSError as exc:
+                problem = str(exc)
+        if problem is not None:
+            raise ClusterUnreachable(no_scheduler(cfg.cluster.address, f"({problem})"))
         allow_run_imports(cfg.cluster.address, cfg)
         ship_user_code(cfg.cluster.address, cfg)
         yield cfg.cluster.address

@@ -257,28 +257,22 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
 def _check_scheduler(address: str, timeout: float = 20.0) -> None:
     """A Dask scheduler answers at ``address``, or one line saying what is wrong with it."""
     from vcdl.config import scheduler_address_problem
-    from vcdl.reach import scheduler_unreachable
+    from vcdl.reach import no_scheduler, scheduler_unreachable
 
-    shown = address[:200]
     problem = scheduler_address_problem(address)
     if problem:
-        raise ConfigError(f"bad scheduler address {shown!r}: {problem}")
+        raise ConfigError(f"bad scheduler address {address[:200]!r}: {problem}")
     unreachable = scheduler_unreachable(address, timeout)
     if unreachable:
-        raise ConfigError(
-            f"no Dask scheduler answered at {shown} ({unreachable}); "
-            "is `dask scheduler` running there?"
-        )
+        raise ConfigError(no_scheduler(address, f"({unreachable})"))
     from distributed import Client
 
     try:
         with Client(address, timeout=timeout, set_as_default=False):
             pass
     except (OSError, TimeoutError) as exc:
-        raise ConfigError(
-            f"no Dask scheduler answered at {shown} within {timeout:.0f} s "
-            f"({type(exc).__name__}); is `dask scheduler` running there?"
-        ) from None
+        detail = f"within {timeout:.0f} s ({type(exc).__name__})"
+        raise ConfigError(no_scheduler(address, detail)) from None
 
 
 def _check_chaos(

@@ -14,6 +14,14 @@ import socket
 from distributed.comm.addressing import parse_address, parse_host_port
 
 
+def no_scheduler(address: str, detail: str) -> str:
+    """The one sentence for "nothing answered at ``address``", ``detail`` saying how."""
+    return (
+        f"no Dask scheduler answered at {address[:200]} {detail}; "
+        "is `dask scheduler` running there?"
+    )
+
+
 def scheduler_unreachable(address: str, timeout: float = 20.0) -> str | None:
     """Why nothing can be reached at a tcp:// or tls:// address, or None.
 
