@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port
 from vcdl.cli import main
 from vcdl.ledger import Ledger
 
@@ -232,21 +233,13 @@ def test_preemption_options_out_of_range_fail_before_the_run(
     assert not home.exists()
 
 
-def _closed_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.parametrize(
     ("address", "needle"),
     [
         ("notanaddress", "bad scheduler address"),
         ("tcp://127.0.0.1", "bad scheduler address"),
         ("http://127.0.0.1:8786", "bad scheduler address"),
-        (f"tcp://127.0.0.1:{_closed_port()}", "no Dask scheduler answered"),
+        (f"tcp://127.0.0.1:{free_port()}", "no Dask scheduler answered"),
     ],
     ids=["no-scheme", "no-port", "http", "nobody-there"],
 )
@@ -354,7 +347,7 @@ def test_a_cluster_address_nobody_listens_at_is_one_line_before_the_run_starts(
     cfg = tmp_path / "good.toml"
     cfg.write_text(GOOD)
     home = tmp_path / "home"
-    address = f"tcp://127.0.0.1:{_closed_port()}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     if command == "resume":
         # A run recorded on a scheduler that is gone by the time it is resumed.
         from vcdl import api
@@ -389,7 +382,7 @@ def test_a_run_started_without_the_cli_says_the_same_at_once(
 
     cfg = tmp_path / "good.toml"
     cfg.write_text(GOOD)
-    address = f"tcp://127.0.0.1:{_closed_port()}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     started = time.monotonic()
     with pytest.raises(ClusterUnreachable, match=r"\(connection refused\); is `dask scheduler`"):
         api.train(load_config(cfg, ["run.name=api", f"cluster.address={address}"]), home=tmp_path)

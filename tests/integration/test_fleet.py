@@ -38,6 +38,7 @@ from urllib.parse import parse_qs, urlsplit
 import numpy as np
 import pytest
 
+from tests.ports import free_port
 from tests.s3fixture import S3_KEY, S3_SECRET, make_bucket
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,12 +62,6 @@ def _listen(port: int) -> tuple[str, ...]:
 def _named(name: str, tmp_path: Path) -> tuple[str, ...]:
     """A worker's name and its own scratch directory (not the shared /tmp one)."""
     return ("--name", name, "--local-directory", str(tmp_path / f"dask-{name}"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
@@ -296,7 +291,7 @@ def test_fleet_run_survives_a_lost_worker(
     started = time.monotonic()
 
     # -- Prefect server, its own home --------------------------------------------
-    prefect_port = _free_port()
+    prefect_port = free_port()
     api_url = f"http://127.0.0.1:{prefect_port}/api"
     server_env = dict(env, PREFECT_HOME=str(tmp_path / "prefect-server"))
     server = fleet.spawn(
@@ -306,7 +301,7 @@ def test_fleet_run_survives_a_lost_worker(
     )
 
     # -- Dask scheduler and two GPU workers (started meanwhile) -------------------
-    sched_port = _free_port()
+    sched_port = free_port()
     scheduler = f"tcp://127.0.0.1:{sched_port}"
     sched = fleet.spawn(
         "scheduler",
@@ -533,7 +528,7 @@ def test_unreachable_ledger_error_hides_the_password(
     argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     # Nothing listens on a port just freed: the connection fails at once.
-    url = f"postgresql+psycopg://vcdl:{PASSWORD}@127.0.0.1:{_free_port()}/vcdl"
+    url = f"postgresql+psycopg://vcdl:{PASSWORD}@127.0.0.1:{free_port()}/vcdl"
     code, text = _cli_output([*argv, "--ledger", url, "--home", str(tmp_path)], capsys)
     assert code != 0
     assert PASSWORD not in text, text

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import socket
 import threading
 import time
 import urllib.error
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.ports import free_port
 from vcdl import api
 from vcdl.config import parse_config
 from vcdl.ledger import Ledger
@@ -22,12 +22,6 @@ from vcdl.metrics.figures import FINAL_OUTCOMES
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _parse(text: str, run: str) -> Samples:
@@ -70,7 +64,7 @@ MERGES = EPOCHS * SHARDS
 
 
 def test_metrics_during_a_run_match_the_ledger(prefect_api: None, tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     cfg = parse_config(
         {
             "run": {"name": "metrics-run", "epochs": EPOCHS, "seed": 1},

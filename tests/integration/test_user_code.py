@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port
 from vcdl import api
 from vcdl.errors import ModelError
 
@@ -112,18 +112,12 @@ def test_a_local_cluster_run_imports_the_modules_beside_its_config(
     assert summary["test_accuracy"] is None  # a custom objective names its own metrics
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def dask_cluster(tmp_path: Path, **worker_env: str) -> Iterator[str]:
     """A ``dask scheduler`` and two ``dask worker`` processes, started in another directory."""
     from prefect.settings import PREFECT_API_URL
 
-    port = _free_port()
+    port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     cwd = tmp_path / "cluster"
     cwd.mkdir()

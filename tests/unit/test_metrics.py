@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 import urllib.request
@@ -15,6 +14,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.ports import free_port
 from vcdl.config import MetricsSection, parse_config
 from vcdl.driver.epoch_events import TaskReturned
 from vcdl.errors import ConfigError
@@ -273,14 +273,8 @@ def test_counters_never_fall_whatever_legal_moves_the_attempts_make(
         before = f
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_endpoint_serves_its_own_registry_and_a_taken_port_is_one_line() -> None:
-    section = MetricsSection(port=_free_port())
+    section = MetricsSection(port=free_port())
     with serve_metrics(section, "r1") as collector:
         assert collector is not None
         with urllib.request.urlopen(f"http://127.0.0.1:{section.port}/metrics", timeout=10) as r:
@@ -339,7 +333,7 @@ def test_linger_waits_for_one_scrape_after_the_run_and_no_longer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr("vcdl.metrics.exporter.read_figures", lambda *a: None)
-    section = MetricsSection(port=_free_port(), linger=20)
+    section = MetricsSection(port=free_port(), linger=20)
     url = f"http://127.0.0.1:{section.port}/metrics"
 
     def scrape_later() -> None:

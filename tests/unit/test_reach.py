@@ -5,19 +5,14 @@ from __future__ import annotations
 import socket
 import time
 
+from tests.ports import free_port
 from vcdl.reach import scheduler_unreachable
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_closed_port_is_refused_at_once() -> None:
     started = time.monotonic()
-    assert scheduler_unreachable(f"tcp://127.0.0.1:{_closed_port()}") == "connection refused"
-    assert scheduler_unreachable(f"tls://127.0.0.1:{_closed_port()}") == "connection refused"
+    assert scheduler_unreachable(f"tcp://127.0.0.1:{free_port()}") == "connection refused"
+    assert scheduler_unreachable(f"tls://127.0.0.1:{free_port()}") == "connection refused"
     assert time.monotonic() - started < 5
 
 
