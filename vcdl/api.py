@@ -16,6 +16,7 @@ returns the same summary ``vcdl status RUN --json`` prints.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -56,19 +57,34 @@ def prepare_prefect(home: Path) -> None:
     """Keep Prefect's state under the vcdl home when the user has no Prefect setup.
 
     Must run before ``prefect`` is imported; a user's own ``PREFECT_*``
-    settings or profile always win.
+    settings or profile always win. Prefect's temporary API server, when one
+    is needed, then starts out of the terminal's Ctrl-C and stops with this
+    process (:mod:`flows.workarounds.api_server`).
     """
+    _prefect_home(home)
+    from flows.workarounds.api_server import install
+
+    install()
+
+
+def _prefect_home(home: Path) -> None:
     # The ephemeral server's telemetry would call out of offline machines and
     # trips "database is locked" in its SQLite file; a user's setting wins.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # Prefect waits 20 s for its ephemeral server; a busy 2-core machine
     # (workers importing torch) needs longer, and failing a run for it is silly.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    if any(k in os.environ for k in ("PREFECT_API_URL", "PREFECT_HOME", "PREFECT_PROFILE")):
-        return
-    if (Path.home() / ".prefect" / "profiles.toml").exists():
-        return
-    os.environ["PREFECT_HOME"] = str(home / "prefect")
+    configured = any(
+        k in os.environ for k in ("PREFECT_API_URL", "PREFECT_HOME", "PREFECT_PROFILE")
+    )
+    if not configured and not (Path.home() / ".prefect" / "profiles.toml").exists():
+        os.environ["PREFECT_HOME"] = str(home / "prefect")
+    if os.environ.get("PREFECT_HOME"):
+        # Prefect makes its home without parents: under a directory that does
+        # not exist yet, it warned, and its temporary server died in a long
+        # traceback (SQLite could not open its file). An error here is Prefect's to report.
+        with contextlib.suppress(OSError):
+            Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
 
 
 def resolve(

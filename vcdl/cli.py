@@ -318,6 +318,8 @@ def _train(args: argparse.Namespace) -> int:
             overrides=[*args.overrides, *port],
             home=home,
         )
+    # What an interrupt's message names: `vcdl resume NAME` (see main).
+    args.resumable = cfg.run.name
     if cfg.cluster.address:
         # Before the run is recorded: a mistyped address or a scheduler not yet
         # up is one line now, not a traceback after the connect timeout.
@@ -687,8 +689,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(str(exc), exc.exit_code, as_json, type(exc).__name__)
     except KeyboardInterrupt as exc:
         # Only a run has something to resume (`vcdl serve` or `vcdl chaos` do not).
+        # Its name, once known: from the config (set by _train) or the command line.
+        run = getattr(args, "resumable", None) or getattr(args, "run", None) or "RUN"
         hint = (
-            "; `vcdl resume RUN` continues from the ledger"
+            f"; `vcdl resume {run}` continues from the ledger"
             if args.command in ("train", "resume")
             else ""
         )

@@ -22,5 +22,7 @@ module              works around
                     before the nanny set the environment
 ``watchdog``        a LocalCluster forgetting workers whose restart was slow
 ``dask_logs``       a normal disconnect logged at INFO with a traceback
+``api_server``      Prefect's temporary API server dying with the terminal's
+                    Ctrl-C or systemd's SIGTERM, and outliving a killed driver
 ==================  ==============================================================
 """

@@ -50,7 +50,9 @@ def test_the_cli_says_terminated_and_exits_143(
         main(["resume", "some-run"])
     assert exit_.value.code == TERMINATED_EXIT == 143
     err = capsys.readouterr().err
-    assert err == "vcdl: error: terminated (SIGTERM); `vcdl resume RUN` continues from the ledger\n"
+    assert err == (
+        "vcdl: error: terminated (SIGTERM); `vcdl resume some-run` continues from the ledger\n"
+    )
     # A command with no run to resume says only what happened.
     with pytest.raises(SystemExit) as exit_:
         main(["runs", "--json"])
