@@ -22,6 +22,7 @@ README's digits example, cut to 5 epochs. Plus the API server's own guarantees
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -35,7 +36,7 @@ import psutil
 import pytest
 
 from tests.driverwait import wait_for_run
-from vcdl.ledger import Ledger
+from vcdl.ledger import Ledger, Run
 
 REPO = Path(__file__).resolve().parents[2]
 HINT = "; `vcdl resume stops` continues from the ledger"
@@ -56,6 +57,23 @@ def _env(home: Path) -> dict[str, str]:
     # The run's own temporary Prefect API server: no PREFECT_API_URL.
     env.pop("PREFECT_API_URL", None)
     return env
+
+
+def _merged_since(head: int, run: Run) -> bool:
+    return run.state == "running" and run.head_version > head
+
+
+def _tail(path: Path) -> str:
+    return path.read_text()[-3000:]
+
+
+def _reap(group: int, processes: list[psutil.Process]) -> None:
+    """Whatever a failed test left: the driver's process group, and processes outside it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGKILL)
+    for p in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
 
 
 def _ctrl_c(driver: psutil.Process, children: list[psutil.Process]) -> None:
@@ -115,9 +133,9 @@ def test_a_run_stopped_three_ways_winds_down_in_seconds_and_resumes(tmp_path: Pa
                 driver,
                 db,
                 "stops",
-                lambda run, at=head: run.state == "running" and run.head_version > at,
+                functools.partial(_merged_since, head),
                 timeout=300,
-                tail=lambda err=err: err.read_text()[-3000:],
+                tail=functools.partial(_tail, err),
             )
             process = psutil.Process(driver.pid)
             children = process.children(recursive=True)
@@ -134,11 +152,7 @@ def test_a_run_stopped_three_ways_winds_down_in_seconds_and_resumes(tmp_path: Pa
             _, alive = psutil.wait_procs(children, timeout=30)
             assert alive == [], (how, [(p.pid, p.cmdline()) for p in alive])
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(driver.pid, signal.SIGKILL)
-            for p in children:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    p.kill()
+            _reap(driver.pid, children)
         # Not left "running", and the lease given back: a resume need not wait it out.
         run = ledger.get_run("stops")
         assert run.state == "failed" and run.epochs_completed < 5, (how, run)
@@ -210,8 +224,4 @@ def test_the_api_server_has_its_own_group_ignores_sigterm_and_dies_with_its_driv
         driver.wait(10)
         servers[-1].wait(30)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(driver.pid, signal.SIGKILL)
-        for p in servers:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.kill()
+        _reap(driver.pid, servers)
