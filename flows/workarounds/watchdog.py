@@ -18,6 +18,11 @@ An entry whose name has not been registered at the scheduler for
 ``stuck_after`` seconds (well past a normal restart, warm-up included) is
 closed and started afresh.
 
+A Nanny the cluster dropped is closed in the background, and it may be in
+the middle of a restart: its worker can still register under its name until
+the close ends. A replacement waits for that close, or it fails with "name
+taken" and the entry is left with a Nanny and no process.
+
 A cluster given by address (``cluster.address``) is not ours to resize: its
 workers come from the fleet's own manager (Kubernetes, cloud VM groups).
 
@@ -34,6 +39,13 @@ import time
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+# A Nanny in one of these states has no process and will start none.
+_FINISHED = frozenset({"closed", "failed"})
+
+
+def _status(nanny: Any) -> str:
+    return str(getattr(getattr(nanny, "status", None), "name", ""))
 
 
 class ClusterWatchdog(threading.Thread):
@@ -62,10 +74,22 @@ class ClusterWatchdog(threading.Thread):
         missing = set(self.cluster.worker_spec) - set(self.cluster.workers)
         if not missing:
             return set()
-        # A worker whose Nanny is being closed may still be registered: starting
-        # its replacement now would fail with "name taken".
-        registered = self._registered()
-        return {name for name in missing if name not in registered}
+        # A worker whose Nanny is being closed may still be registered, or may
+        # register yet: a Nanny that was restarting its process when the cluster
+        # gave up on it can finish that start while it closes. A replacement
+        # started in either window fails with "name taken" (seen in CI).
+        busy = self._registered() | self._closing()
+        return {name for name in missing if name not in busy}
+
+    def _closing(self) -> set[Any]:
+        """Names of Nannies the cluster dropped that have not finished closing."""
+        kept = {id(nanny) for nanny in self.cluster.workers.values()}
+        created = list(getattr(self.cluster, "_created", ()))  # a WeakSet of every Nanny
+        return {
+            getattr(nanny, "name", None)
+            for nanny in created
+            if id(nanny) not in kept and _status(nanny) not in _FINISHED
+        }
 
     def stuck(self, now: float | None = None) -> set[Any]:
         """Spec entries with a Nanny but no registered worker for ``stuck_after`` seconds."""

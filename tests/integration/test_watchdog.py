@@ -7,6 +7,7 @@ SpecCluster (here the timeout is made tiny so any restart is "too slow").
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -83,3 +84,45 @@ def test_watchdog_restarts_a_worker_whose_nanny_failed_to_restart_it() -> None:
         assert cluster.workers[victim_name] is not nanny
         assert client.submit(lambda x: x + 1, 1).result(timeout=30) == 2
         assert dog.stuck() == set() and dog.restarted == 1
+
+
+def test_watchdog_waits_for_a_dropped_nanny_that_is_still_restarting() -> None:
+    """The race CI hit: a dropped Nanny finishes its restart while it is closed.
+
+    When the cluster gives up on a Nanny that is restarting its process, the
+    restart can still register a worker under the Nanny's name. A replacement
+    started in that window fails with "name taken" and leaves the entry with a
+    Nanny and no process. The watchdog waits until the dropped Nanny is closed.
+    """
+    with local_cluster() as (cluster, client):
+        pids = client.run(os.getpid)
+        victim = sorted(pids)[0]
+        victim_name = client.scheduler_info()["workers"][victim]["name"]
+        nanny = cluster.workers[victim_name]
+        instantiate = nanny.instantiate
+
+        async def slow(*args: object, **kwargs: object) -> object:
+            await asyncio.sleep(3)  # a restart on a loaded machine
+            return await instantiate(*args, **kwargs)
+
+        nanny.instantiate = slow
+        os.kill(pids[victim], signal.SIGKILL)
+        wait_until(lambda: len(client.scheduler_info()["workers"]) == 1, 30, "the worker to leave")
+        # What the SpecCluster does after lost-worker-timeout, less the close.
+        cluster.workers.pop(victim_name)
+        dog = ClusterWatchdog(cluster, workers=2, interval=0.5)
+        assert dog.forgotten() == set() and dog.check() == 0  # it is still restarting
+        wait_until(
+            lambda: len(client.scheduler_info()["workers"]) == 2, 60, "the restart to register"
+        )
+        assert dog.forgotten() == set()
+        cluster.sync(nanny.close)
+        wait_until(lambda: dog.forgotten() == {victim_name}, 30, "the old worker to unregister")
+        assert dog.check() == 1
+        wait_until(
+            lambda: len(cluster.workers) == 2 and len(client.scheduler_info()["workers"]) == 2,
+            60,
+            "a replacement worker",
+        )
+        assert cluster.workers[victim_name] is not nanny
+        assert client.submit(lambda x: x + 1, 1).result(timeout=30) == 2
