@@ -76,6 +76,7 @@ from vcdl.driver.epoch_events import (
     TaskReturned,
     Tick,
     fact,
+    recorded_return,
 )
 from vcdl.driver.epoch_state import EpochState, settle
 from vcdl.driver.gc import collect
@@ -92,6 +93,11 @@ from vcdl.worker.attempt import drop_checkpoint
 from vcdl.worker.preemption import PREEMPTED
 
 POLL_SECONDS = 2.0
+GATHER_SECONDS = 10.0
+"""How long the driver waits to fetch a finished task's output (a small dict, milliseconds
+from a live worker). When the worker holding it has left, Dask re-runs the task,
+perhaps behind another worker's whole attempt, and the wait would stall every
+merge and a stopping run: past this, the ledger says what the task did."""
 # One DEBUG record per submission, its ``created`` the driver's submit time:
 # benchmarks/overhead.py listens to it to time "first dispatch" exactly.
 dispatch_log = logging.getLogger("vcdl.dispatch")
@@ -168,7 +174,19 @@ class EpochExecutor:
     def _returned(self, fut: PrefectFuture[dict[str, Any]], key: Key) -> Event:
         """The event a finished shard task makes."""
         try:
-            out = fut.result()
+            out = fut.result(timeout=GATHER_SECONDS)
+        except TimeoutError:
+            event = recorded_return(key, self.attempts_of(key))
+            self.log.warning(
+                "epoch %d shard %d: its task's output was not fetched in %.0fs (its worker "
+                "left?); %s",
+                *key,
+                GATHER_SECONDS,
+                f"attempt {event.attempt_id} is in the ledger"
+                if isinstance(event, TaskReturned)
+                else "no result in the ledger",
+            )
+            return event
         except KilledWorker as exc:
             # Dask gave up after `allowed-failures` worker deaths; Prefect would
             # leave the task run Running forever.

@@ -145,6 +145,7 @@ def test_a_run_stopped_three_ways_winds_down_in_seconds_and_resumes(tmp_path: Pa
             started = time.monotonic()
             returned = driver.wait(120)
             seconds = time.monotonic() - started
+            print(f"{how}: exit {returned} in {seconds:.1f}s", flush=True)
             message = err.read_text()
             assert returned == code, (how, message[-3000:])
             assert message.strip().splitlines()[-1] == line, (how, message[-3000:])

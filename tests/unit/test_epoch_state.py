@@ -43,6 +43,7 @@ from vcdl.driver.epoch_events import (
     TaskLost,
     TaskReturned,
     Tick,
+    recorded_return,
 )
 from vcdl.driver.epoch_state import EpochState, free_attempts, settle
 from vcdl.states import MERGEABLE_ATTEMPT_STATES, TERMINAL_SUBTASK_STATES
@@ -570,3 +571,32 @@ def test_in_any_order_no_subtask_is_merged_twice_none_is_lost_and_the_budget_hol
     # No subtask merged twice.
     assert all(n <= 1 for n in world.merges.values())
     assert world.state.tally["duplicate"] == 0
+
+
+# -- a task whose output was lost with its worker: the ledger says what it did -----------
+
+
+def test_an_unfetchable_output_is_the_newest_mergeable_attempt_of_the_ledger() -> None:
+    rows = (a(1, "killed"), a(2, "finished", 40), a(3, "interrupted", 12), a(4, "running"))
+    event = recorded_return(K, rows)
+    assert event == TaskReturned(K, "interrupted", rows, attempt_id=a(3, "x").id, samples=12)
+    # ...and the state machine merges it, abandoning the re-run Dask started.
+    state = opened()
+    out = state.handle(event)
+    assert Merge(K, a(3, "x").id) in out
+    assert any(isinstance(i, Abandon) and [f.id for f in i.attempts] == [a(4, "x").id] for i in out)
+
+
+@pytest.mark.parametrize("states", [(), ("failed",), ("killed", "running"), ("rejected",)])
+def test_an_unfetchable_output_with_nothing_mergeable_is_a_lost_task(states: tuple[str]) -> None:
+    rows = tuple(a(n, s) for n, s in enumerate(states, 1))
+    event = recorded_return(K, rows)
+    assert isinstance(event, TaskLost) and event.attempts == rows
+    assert "worker left" in event.reason
+    state = opened()
+    assert Submit(K, 2) in state.handle(event)  # reissued
+
+
+def test_an_unfetchable_output_ignores_other_subtasks_rows() -> None:
+    other = a(1, "finished", key=(2, 6))
+    assert isinstance(recorded_return(K, (other,)), TaskLost)

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Literal, Protocol
 
 from vcdl.config import RunConfig
+from vcdl.states import MERGEABLE_ATTEMPT_STATES as _MERGEABLE
 
 Key = tuple[int, int]
 """A subtask: (epoch, shard)."""
@@ -174,6 +175,26 @@ class Tick:
 
 
 Event = Opened | TaskReturned | TaskLost | MergeDone | DeadlinePassed | Tick
+
+
+def recorded_return(key: Key, attempts: tuple[AttemptFact, ...]) -> TaskReturned | TaskLost:
+    """The event of a task that finished but whose output could not be fetched.
+
+    A task records its attempt in the ledger before it returns, so the
+    ledger knows what it did when Dask cannot say (the worker holding the
+    output left). The newest mergeable attempt is the result; with none, the
+    task is lost: it handed its shard back, skipped it, or its attempt failed.
+    """
+    mergeable = [a for a in attempts if a.key == key and a.state in _MERGEABLE]
+    if not mergeable:
+        return TaskLost(key, "its worker left before the driver fetched its output", attempts)
+    newest = max(mergeable, key=lambda a: a.number)
+    kind: Literal["finished", "interrupted"] = (
+        "interrupted" if newest.state == "interrupted" else "finished"
+    )
+    return TaskReturned(
+        key, kind, attempts, attempt_id=newest.id, worker=newest.worker, samples=newest.samples or 0
+    )
 
 
 @dataclass(frozen=True)
