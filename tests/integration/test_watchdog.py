@@ -12,8 +12,21 @@ import os
 import signal
 import time
 
+from distributed import Client
+
 from flows.workarounds.watchdog import ClusterWatchdog
 from tests.daskfixture import local_cluster, wait_until
+
+
+def _replaces(dog: ClusterWatchdog, client: Client, name: object) -> None:
+    """Once the forgotten worker has left the scheduler, one check starts its replacement."""
+    wait_until(lambda: dog.forgotten() == {name}, 30, "the old worker to unregister")
+    assert dog.check() == 1
+    wait_until(
+        lambda: len(dog.cluster.workers) == 2 and len(client.scheduler_info()["workers"]) == 2,
+        60,
+        "a replacement worker",
+    )
 
 
 def test_watchdog_restarts_a_worker_the_cluster_forgot() -> None:
@@ -29,13 +42,7 @@ def test_watchdog_restarts_a_worker_the_cluster_forgot() -> None:
         wait_until(lambda: len(cluster.workers) == 1, 30, "the cluster to forget the worker")
 
         dog = ClusterWatchdog(cluster, workers=2, interval=0.5)
-        wait_until(lambda: dog.forgotten() == {victim_name}, 30, "the old worker to unregister")
-        assert dog.check() == 1
-        wait_until(
-            lambda: len(cluster.workers) == 2 and len(client.scheduler_info()["workers"]) == 2,
-            60,
-            "a replacement worker",
-        )
+        _replaces(dog, client, victim_name)
         assert dog.check() == 0 and dog.forgotten() == set()  # whole again
         assert client.submit(lambda x: x + 1, 1).result(timeout=30) == 2
         assert pids[victim] not in client.run(os.getpid).values()
@@ -117,12 +124,6 @@ def test_watchdog_waits_for_a_dropped_nanny_that_is_still_restarting() -> None:
         )
         assert dog.forgotten() == set()
         cluster.sync(nanny.close)
-        wait_until(lambda: dog.forgotten() == {victim_name}, 30, "the old worker to unregister")
-        assert dog.check() == 1
-        wait_until(
-            lambda: len(cluster.workers) == 2 and len(client.scheduler_info()["workers"]) == 2,
-            60,
-            "a replacement worker",
-        )
+        _replaces(dog, client, victim_name)
         assert cluster.workers[victim_name] is not nanny
         assert client.submit(lambda x: x + 1, 1).result(timeout=30) == 2
