@@ -62,6 +62,9 @@ if TYPE_CHECKING:
     from vcdl.store.streaming import StateWriter
 
 SIDE = 4096
+MODES = ("streamed", "whole", "serial", "folded")
+FOLDING = ("serial", "folded")
+"""The contenders that merge ``--fold`` results; their seconds are per result."""
 
 
 def layer_count(params: float, side: int) -> int:
@@ -138,10 +141,11 @@ def child(store_dir: str, mode: str, out: str, batch_mb: str, fold: str = "1") -
         t.zero_()
     stages: dict[str, float] = {}
     start = time.perf_counter()
-    if mode in ("serial", "folded"):
+    if mode != "whole":
+        # streamed is one merge (fold 1) that writes its version.
         k, specs = int(fold), specs_of(head)
         for i in range(k):
-            written = mode == "serial" or i == k - 1
+            written = mode != "folded" or i == k - 1
             opener: Callable[[], StateWriter] = (
                 functools.partial(store.writer, f"version-{i}", specs) if written else _discarding
             )
@@ -157,18 +161,8 @@ def child(store_dir: str, mode: str, out: str, batch_mb: str, fold: str = "1") -
             assert got.applied is not None, got.reason
             # The output is the next merge's head; the old head its buffers.
             head, spare = got.applied.weights, head
-    elif mode == "streamed":
-        got = streamed_merge(
-            rule,
-            head,
-            store.reader("result"),
-            0.5,
-            lambda: store.writer("version", specs_of(head)),
-            out=spare,
-            batch_bytes=int(float(batch_mb) * (1 << 20)),
-        )
-        assert got.applied is not None, got.reason
-        stages = dict(got.timings or {})
+        if mode == "streamed":
+            stages = dict(got.timings or {})
     else:
         result = store.read_state("result")
         merged = rule.apply(head, result, 0.5, out=spare)
@@ -243,8 +237,7 @@ def bench(
         # work), so no contender may always go first.
         for i in range(repeats):
             for mode in modes if i % 2 == 0 else modes[::-1]:
-                # serial and folded merge `fold` results; their seconds are per result.
-                per = fold if mode in ("serial", "folded") else 1
+                per = fold if mode in FOLDING else 1
                 r = run_child(store_dir, mode, tmp, batch_mb, per)
                 r["seconds"] /= per
                 runs[mode].append(r)
@@ -273,7 +266,7 @@ def _row(mode: str, runs: list[dict[str, Any]], nbytes: int, fold: int) -> dict[
         "peak_over_model": round(above / nbytes, 2),
         "baseline_gb": round(runs[0]["baseline"] / 1e9, 3),
     }
-    if mode in ("serial", "folded"):
+    if mode in FOLDING:
         row["results_merged"] = fold
     if any(r["stages"] for r in runs):
         row["stage_busy_seconds"] = {
@@ -312,12 +305,12 @@ def main() -> None:
     fold, wanted = args.fold, args.modes
     if args.quick:
         params, repeats, side, batch_mb = [1.68e7], 1, 1024, 4.0
-        fold, wanted = 2, ["streamed", "whole", "serial", "folded"]
+        fold, wanted = 2, list(MODES)
     if fold < 1:
         p.error(f"--fold must be at least 1, got {fold}")
-    unknown = sorted(set(wanted) - {"streamed", "whole", "serial", "folded"})
+    unknown = sorted(set(wanted) - set(MODES))
     if unknown:
-        p.error(f"unknown --modes {unknown}: choose from streamed, whole, serial, folded")
+        p.error(f"unknown --modes {unknown}: choose from {', '.join(MODES)}")
     results = []
     for n in params:
         modes = [m for m in wanted if m != "whole" or n <= args.whole_up_to]
