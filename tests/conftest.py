@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.lanes import lane
 from tests.pgfixture import *  # noqa: F403  (pg_url, sqlite_url fixtures)
 from tests.s3fixture import *  # noqa: F403  (s3_endpoint, s3_bucket_url fixtures)
 
@@ -46,6 +47,14 @@ def prefect_api_url(prefect_api: None) -> str:
     url = PREFECT_API_URL.value()
     assert url, "prefect_test_harness set no API URL"
     return str(url)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    # Under ``pytest -n 2``, a test marked ``alone`` has the machine to itself
+    # (tests/lanes.py); without xdist this holds nothing.
+    with lane(item):
+        yield
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -32,7 +32,7 @@ from vcdl.views.audit import audit_run
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "mnist1d.toml"
 
-pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(1800), pytest.mark.alone]
 
 
 def _vcdl(home: Path, *args: str) -> subprocess.Popen[bytes]:

@@ -17,7 +17,7 @@ from distributed import Client, LocalCluster
 from flows.cluster import worker_left_at
 from tests.daskfixture import local_cluster, wait_until
 
-pytestmark = [pytest.mark.chaos]
+pytestmark = [pytest.mark.chaos, pytest.mark.alone]
 
 
 def test_worker_left_at_is_when_the_scheduler_saw_the_worker_die() -> None:

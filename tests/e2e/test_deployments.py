@@ -24,7 +24,7 @@ import torch
 
 from tests.e2e.conftest import IN_CI, PREFECT, Server
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500), pytest.mark.alone]
 
 RUN = "e2e-run"
 TRAIN_CONFIG = {

@@ -21,6 +21,7 @@ from flows.cluster import dask_cluster
 from vcdl.config import RunConfig
 
 pytestmark = [
+    pytest.mark.alone,
     pytest.mark.slow,
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only"),
 ]

@@ -22,7 +22,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.alone]
 
 
 def _run(script: str, *args: str, api_url: str | None = None) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import pytest
 
 from vcdl.ledger import Ledger
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.alone]
 
 CONFIG = """
 [run]

@@ -25,6 +25,7 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 IMPORT_NAMES = {
     "pytest": "pytest",
     "pytest-timeout": "pytest_timeout",
+    "pytest-xdist": "xdist",
     "hypothesis": "hypothesis",
     "ruff": "ruff",
     "mypy": "mypy",

@@ -22,7 +22,7 @@ from vcdl.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200), pytest.mark.alone]
 
 
 @pytest.mark.parametrize("example", ["mnist1d.toml", "mnist1d-delta.toml"])

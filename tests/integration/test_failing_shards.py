@@ -11,7 +11,7 @@ from vcdl import api
 from vcdl.config import parse_config
 from vcdl.errors import EpochFailed
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.alone]
 
 
 def test_always_failing_attempts_are_bounded(prefect_api: None, tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ from vcdl.ledger import Ledger, Run
 REPO = Path(__file__).resolve().parents[2]
 HINT = "; `vcdl resume stops` continues from the ledger"
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.alone]
 
 
 def _cli(home: Path, *args: str) -> list[str]:

@@ -34,7 +34,7 @@ from sqlalchemy.engine import make_url
 from vcdl.errors import AlreadyMerged, HeadConflict
 from vcdl.ledger import HeadMoved, Ledger
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), pytest.mark.alone]
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from vcdl.config import RunConfig, parse_config
 from vcdl.ledger import attempt_timings
 from vcdl.runtime import open_ledger
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 SHARDS = 4
 SECONDS = 2.0

@@ -19,7 +19,7 @@ from vcdl.config import parse_config
 from vcdl.ledger import Ledger
 from vcdl.metrics.figures import FINAL_OUTCOMES
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.alone]
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -18,7 +18,7 @@ from distributed import Client, LocalCluster, get_worker
 from vcdl.worker import preemption
 from vcdl.worker.preemption import PreemptionPlugin
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.alone]
 
 
 def _where(_: int) -> tuple[str, bool]:

@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks.overhead import GROUPS, QUICK, benchmark
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.alone]
 
 WORKER_PHASES = ("claim", "read", "train", "write")
 DRIVER_PHASES = (

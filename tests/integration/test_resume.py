@@ -27,7 +27,7 @@ from vcdl.runtime import RunRef
 from vcdl.worker.attempt import attempt_seed, load_shard, run_attempt
 from vcdl.worker.loop import train_attempt
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.alone]
 
 WORKER = """
 import sys

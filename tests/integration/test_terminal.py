@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.alone]
 
 CONFIG = """
 [run]

@@ -22,7 +22,7 @@ from benchmarks.time_to_accuracy import QUICK, run_benchmark, summary_line
 from tests.logrecords import RecordingHandler
 from vcdl.worker.allocator import TUNED_ENV
 
-pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(1200), pytest.mark.alone]
 
 
 def _check_curve(curve: list[tuple[float, float]]) -> None:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from vcdl.types import StateDict
 from vcdl.worker.checkpoints import CheckpointWriter, checkpoint_interval
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.alone]
 
 
 def state(v: float) -> StateDict:

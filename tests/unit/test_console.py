@@ -23,6 +23,10 @@ from vcdl.console import (
     is_console,
 )
 
+# Under `pytest -n 2` this runs with no other test beside it (tests/lanes.py):
+# what it asserts depends on timing.
+pytestmark = pytest.mark.alone
+
 
 @pytest.fixture
 def logger() -> Iterator[logging.Logger]:

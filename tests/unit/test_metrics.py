@@ -30,6 +30,10 @@ from vcdl.metrics.figures import (
 from vcdl.states import ATTEMPT_MOVES
 from vcdl.views.prices import load_prices
 
+# Under `pytest -n 2` this runs with no other test beside it (tests/lanes.py):
+# what it asserts depends on timing.
+pytestmark = pytest.mark.alone
+
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
