@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["ALONE", "lane"]
+__all__ = ["ALONE", "held", "lane"]
 
 ALONE = "alone"
 

@@ -11,7 +11,7 @@ from tests.lanes import held
 
 
 def _ordinary(lock_dir: str, until: float, out: mp.Queue) -> None:  # type: ignore[type-arg]
-    """The other worker: one short shared test after another, with no gap."""
+    """A worker running ordinary tests: one short shared hold after another, no gap."""
     while time.monotonic() < until:
         with held(Path(lock_dir), alone=False):
             start = time.monotonic()
