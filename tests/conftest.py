@@ -11,7 +11,7 @@ import pytest
 from tests.lanes import lane
 from tests.pgfixture import *  # noqa: F403  (pg_url, sqlite_url fixtures)
 from tests.s3fixture import *  # noqa: F403  (s3_endpoint, s3_bucket_url fixtures)
-from tests.sigterm import pytest_sessionstart  # noqa: F401  (SIGTERM tears the session down)
+from tests.sigterm import pytest_sessionfinish, pytest_sessionstart  # noqa: F401  (SIGTERM tears the session down)
 
 REPO = Path(__file__).resolve().parent.parent
 
