@@ -68,6 +68,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.overhead import dispatch_times  # noqa: E402
 from benchmarks.sleeper import sleeper_config, write_sleeper_data  # noqa: E402
 from vcdl.config import RunConfig, apply_overrides, load_config, parse_config  # noqa: E402
+from vcdl.ledger.models import FOLDED_CHECKSUM  # noqa: E402
 
 TARGET = 0.90
 MERGE_PHASES = ("assimilator_read_result", "assimilator_read_head", "assimilator_merge")
@@ -176,7 +177,8 @@ def projection(r: dict[str, Any], attempt_seconds: float, cores: int) -> dict[st
 def run(args: argparse.Namespace, workers: int, home: Path) -> dict[str, Any]:
     from vcdl import api
     from vcdl.ledger import attempt_timings
-    from vcdl.runtime import open_ledger
+    from vcdl.runtime import RunRef, open_ledger
+    from vcdl.views.audit import audit_run
 
     cfg = make_config(args, workers, home)
     if not args.real:
@@ -194,6 +196,9 @@ def run(args: argparse.Namespace, workers: int, home: Path) -> dict[str, Any]:
     attempts = ledger.attempts(cfg.run.name)
     merged = [a for a in attempts if a.state == "merged"]
     versions = [v for v in ledger.versions(cfg.run.name) if v.subtask_id is not None]
+    # merge.fold: versions merged with later ones in one pass, never written.
+    folded = sum(1 for v in versions if v.checksum == FOLDED_CHECKSUM)
+    problems = audit_run(RunRef.from_config(cfg))  # the ledger and store agree, as after any run
     first = min(t for t, _, _ in submits)
     last = max(v.created_at.timestamp() for v in versions)
     wall = last - first
@@ -219,6 +224,8 @@ def run(args: argparse.Namespace, workers: int, home: Path) -> dict[str, Any]:
         "attempts": len(attempts),
         "utilization": round(train_s / (slots * wall), 4),
         "merges_per_s": round(len(versions) / wall, 3),
+        "versions_folded": folded,
+        "audit_problems": problems,
         "wall_s": round(wall, 1),
         "total_s": round(total, 1),
         "driver_cpu_per_wall": round(cpu / total, 3),
@@ -252,7 +259,8 @@ def print_run(r: dict[str, Any]) -> None:
     print(
         f"N={r['workers']:4} ({r['processes']} x {r['threads_per_process']}): utilization "
         f"{100 * r['utilization']:.1f} %, {r['merges_per_s']:.2f} merges/s, wall {r['wall_s']} s, "
-        f"driver CPU {r['driver_cpu_per_wall']:.2f} cores, peak {r['driver_peak_rss_gb']} GB",
+        f"driver CPU {r['driver_cpu_per_wall']:.2f} cores, peak {r['driver_peak_rss_gb']} GB"
+        + (f", {r['versions_folded']} versions folded" if r.get("versions_folded") else ""),
         flush=True,
     )
     print(

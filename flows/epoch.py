@@ -50,7 +50,7 @@ from flows.workarounds.pipeline import RunStopping, current_gate
 from flows.workarounds.shared_runner import run_dask_client
 from flows.workarounds.task_runs import cancel, release, set_task_run_state
 from vcdl.config import RunConfig
-from vcdl.driver.assimilator import merge_attempt
+from vcdl.driver.assimilator import MergeOutcome, merge_attempt
 from vcdl.driver.dispatch import dispatch_phases
 from vcdl.driver.epoch_events import (
     Abandon,
@@ -79,6 +79,7 @@ from vcdl.driver.epoch_events import (
     recorded_return,
 )
 from vcdl.driver.epoch_state import EpochState, settle
+from vcdl.driver.fold import merge_attempts
 from vcdl.driver.gc import collect
 from vcdl.driver.head_cache import run_head_cache
 from vcdl.errors import EpochFailed, StoreError
@@ -131,6 +132,10 @@ class EpochExecutor:
         # Dispatch phases of results not merged yet, by attempt id.
         self.overhead: dict[str, dict[str, float]] = {}
         self.base: int | None = None
+        # merge.fold > 1: merges wait here while the results already in are
+        # gathered, then go together (merge_attempts folds them).
+        self.pending: list[tuple[Key, str]] = []
+        self.holding = False
         self.duplicates = 0  # recorded when the epoch settles
         self.merged_since_gc = 0
         # The version the barrier's evaluation reads while this epoch merges: kept.
@@ -257,6 +262,7 @@ class EpochExecutor:
             follow = self._do(todo.popleft())
             if follow is not None:
                 todo.extend(self.state.handle(follow))
+        self._flush_merges()
         if observe.listened():
             self._tell_progress()
 
@@ -276,6 +282,9 @@ class EpochExecutor:
             case Submit(key, number):
                 self.submit(key, number)
             case Merge(key, attempt_id):
+                if self.cfg.merge.fold > 1:
+                    self.pending.append((key, attempt_id))
+                    return None
                 return self._merge(key, attempt_id)
             case Abandon(attempts, state, reason):
                 for a in attempts:
@@ -351,7 +360,34 @@ class EpochExecutor:
             note_kill(self.ref.run, state)
 
     def _merge(self, key: Key, attempt_id: str) -> MergeDone:
-        outcome = merge_attempt(self.ref, attempt_id, self.cfg, self.cache)
+        return self._merged(
+            key, attempt_id, merge_attempt(self.ref, attempt_id, self.cfg, self.cache)
+        )
+
+    def _flush_merges(self) -> None:
+        """Merge what waits (merge.fold > 1), up to ``fold`` results of one epoch at a time,
+        and hand the state machine each outcome. Nothing while results are being gathered
+        (``holding``), or from inside a flush (its outcomes' follow-ups join the queue)."""
+        if self.holding or not self.pending:
+            return
+        self.holding = True
+        try:
+            while self.pending:
+                epoch, n = self.pending[0][0][0], 1
+                while (
+                    n < min(len(self.pending), self.cfg.merge.fold)
+                    and self.pending[n][0][0] == epoch  # never across an epoch's end
+                ):
+                    n += 1
+                batch, self.pending = self.pending[:n], self.pending[n:]
+                outcomes = merge_attempts(self.ref, [a for _, a in batch], self.cfg, self.cache)
+                for (key, attempt_id), outcome in zip(batch, outcomes, strict=True):
+                    self.feed(self._merged(key, attempt_id, outcome))
+        finally:
+            self.holding = False
+
+    def _merged(self, key: Key, attempt_id: str, outcome: MergeOutcome) -> MergeDone:
+        """Record a merge's outcome (timings, progress, retention) as the state machine's event."""
         overhead = self.overhead.pop(attempt_id, {})
         if outcome.kind in ("merged", "rejected"):
             phases = {f"assimilator_{k}": v for k, v in outcome.timings.items()}
@@ -390,14 +426,32 @@ class EpochExecutor:
                 for late in self._late():
                     self.feed(late)
                 checked = time.monotonic()
-            if fut is not None and (task := self.tasks.pop(fut, None)) is not None:
-                key, number = task
-                event = self._returned(fut, key)
-                self.feed(event)
-                self.futures.pop((key, number), None)
-                release(fut)
+            if fut is not None:
+                # merge.fold > 1: the results already in are gathered first, so
+                # that their merges go together.
+                self.holding = self.cfg.merge.fold > 1
+                try:
+                    self._take(fut)
+                    while self.holding and len(self.pending) < self.cfg.merge.fold:
+                        try:
+                            self._take(self.done.get_nowait())
+                        except queue.Empty:
+                            break
+                finally:
+                    self.holding = False
+                self._flush_merges()
             self.feed(Tick(time.monotonic()))
             self._tell_gate()
+
+    def _take(self, fut: PrefectFuture[dict[str, Any]]) -> None:
+        """Hand the state machine what a finished shard task made (if it is still followed)."""
+        task = self.tasks.pop(fut, None)
+        if task is None:
+            return
+        key, number = task
+        self.feed(self._returned(fut, key))
+        self.futures.pop((key, number), None)
+        release(fut)
 
     def _tell_gate(self) -> None:
         """Tell the gate of flows/workarounds/pipeline.py where this epoch is.

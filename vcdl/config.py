@@ -265,6 +265,16 @@ class MergeSection(_Section):
         "change quantized per row with a float32 scale: about a quarter). The driver adds the "
         "change back to the base version before merging.",
     )
+    fold: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Results that wait together (of one epoch) are merged in one pass that "
+        "writes only the last version: up to this many. The weights, alphas and staleness are "
+        "those of merging them one at a time; the versions between are recorded in the ledger "
+        "as never stored (pruned). 1 writes every version. Pays where merges bind (many "
+        "workers, big models): a version write costs about what reading a result does.",
+    )
     outer_momentum: float = Field(
         0.9, ge=0, lt=1, description="diloco: momentum of the outer SGD (the paper's 0.9)."
     )
@@ -568,6 +578,16 @@ class RunConfig(_Section):
     fault: FaultSection = Field(default_factory=FaultSection)
     cost: CostSection = Field(default_factory=CostSection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)
+
+    @model_validator(mode="after")
+    def _check_fold(self) -> RunConfig:
+        if self.merge.fold > 1 and self.store.keep.all:
+            raise ValueError(
+                "merge.fold above 1 writes only the last of the results it folds, but "
+                "store.keep.all asks to keep every version's weights: set merge.fold = 1, "
+                "or keep fewer versions (store.keep.every / store.keep.latest)"
+            )
+        return self
 
     def with_locations(self, home: str | Path) -> RunConfig:
         """Fill empty store/ledger URLs with the defaults under ``home``."""

@@ -36,6 +36,8 @@ from vcdl.errors import (
 )
 from vcdl.ledger import HeadMoved, Ledger, Version, redact_url
 from vcdl.ledger.engine import LedgerEngine
+from vcdl.ledger.merging import FoldItem, FoldRefused
+from vcdl.ledger.models import FOLDED_CHECKSUM
 from vcdl.states import IllegalTransition
 
 
@@ -418,6 +420,61 @@ def test_commit_merge_moves_the_head(ledger: Ledger) -> None:
     assert merged.state == "merged" and merged.result_uri == "a/r"
     sub = ledger.subtasks("a", 0)[2]
     assert (sub.state, sub.merged_version, version.subtask_id) == ("merged", 1, sub.id)
+
+
+def _finished(ledger: Ledger, name: str, shard: int) -> str:
+    attempt = ledger.start_attempt(name, 0, shard, f"w{shard}")
+    ledger.finish_attempt(attempt.id, state="finished", result_uri=f"{name}/r{shard}")
+    return attempt.id
+
+
+def test_commit_fold_records_k_versions_and_moves_the_head_to_the_last(ledger: Ledger) -> None:
+    new_run(ledger, "a")
+    ids = [_finished(ledger, "a", shard) for shard in (2, 0, 3)]
+    items = [
+        FoldItem(aid, alpha=0.5 + i / 10, staleness=i, uri=f"a/v{i + 1}")
+        for i, aid in enumerate(ids)
+    ]
+    made = ledger.commit_fold("a", items, expected_head=0, checksum="c3")
+    assert [(v.number, v.parent, v.attempt_id) for v in made] == [
+        (1, 0, ids[0]),
+        (2, 1, ids[1]),
+        (3, 2, ids[2]),
+    ]
+    assert ledger.get_run("a").head_version == 3
+    stored = {v.number: v for v in ledger.versions("a")}
+    # Only the last one's weights were written: the others are pruned from birth.
+    for n in (1, 2):
+        assert stored[n].checksum == FOLDED_CHECKSUM and stored[n].pruned_at is not None
+    assert (stored[3].checksum, stored[3].pruned_at, stored[3].uri) == ("c3", None, "a/v3")
+    assert [(v.alpha, v.staleness) for v in made] == [(0.5, 0), (0.6, 1), (0.7, 2)]
+    assert [stored[n].alpha for n in (1, 2, 3)] == [0.5, 0.6, 0.7]
+    for shard, number in zip((2, 0, 3), (1, 2, 3), strict=True):
+        sub = ledger.subtasks("a", 0)[shard]
+        assert (sub.state, sub.merged_version) == ("merged", number)
+    assert {ledger.get_attempt(a).state for a in ids} == {"merged"}
+
+
+def test_a_refused_fold_changes_nothing(ledger: Ledger) -> None:
+    new_run(ledger, "a")
+    ids = [_finished(ledger, "a", shard) for shard in (0, 1, 2)]
+    # Shard 1 merged meanwhile by another attempt: the fold's second merge cannot go.
+    rival = _finished(ledger, "a", 1)
+    merge(ledger, "a", rival, 0)
+    items = [FoldItem(a, 0.5, 0, f"a/f{i}") for i, a in enumerate(ids)]
+    with pytest.raises(FoldRefused, match="one at a time"):
+        ledger.commit_fold("a", items, expected_head=1, checksum="c")
+    assert ledger.get_run("a").head_version == 1
+    assert [v.number for v in ledger.versions("a")] == [0, 1]
+    # Not even the duplicate mark: the caller's one-at-a-time merges record it.
+    assert [ledger.get_attempt(a).state for a in ids] == ["finished"] * 3
+    assert [s.state for s in ledger.subtasks("a", 0)][:3] == ["running", "merged", "running"]
+    # A head that moved on refuses the fold too.
+    with pytest.raises(FoldRefused):
+        ledger.commit_fold("a", [items[0], items[2]], expected_head=0, checksum="c")
+    assert ledger.get_run("a").head_version == 1
+    made = ledger.commit_fold("a", [items[0], items[2]], expected_head=1, checksum="c")
+    assert [v.number for v in made] == [2, 3]
 
 
 def test_stale_expected_head_is_a_head_conflict(ledger: Ledger) -> None:

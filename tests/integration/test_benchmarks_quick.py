@@ -96,10 +96,14 @@ def test_rules_quick(prefect_api_url: str) -> None:
 
 
 def test_fleet_quick() -> None:
-    res = _run("fleet.py")
+    # With merge.fold: the results of 4 slots that start together come back
+    # together, and their merges are folded (every other flow test merges one
+    # at a time).
+    res = _run("fleet.py", "--set", "merge.fold=4")
     assert res["benchmark"] == "fleet"
     (r,) = res["results"]
     assert r["workers"] == 4 and r["merged"] == r["shards_per_epoch"] * r["epochs"]
+    assert r["versions_folded"] > 0 and r["audit_problems"] == []
     # Simulated 2-s attempts: the training seconds are the sleeps, so most of
     # the wall is training even on a busy CI machine.
     assert 0.3 < r["utilization"] <= 1.0 and r["merges_per_s"] > 0

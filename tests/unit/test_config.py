@@ -136,3 +136,13 @@ def test_a_local_store_with_a_name_over_the_file_system_limit_is_a_config_error(
         parse_config({"store": {"url": "x" * 4000}})
     assert info.value.exit_code == 2
     assert parse_config({"store": {"url": "s3://bucket/" + "x" * 200}}).store.url
+
+
+def test_fold_is_bounded_and_cannot_keep_every_version() -> None:
+    assert parse_config({}).merge.fold == 1  # off unless asked for
+    assert parse_config({"merge": {"fold": 4}}).merge.fold == 4
+    with pytest.raises(ConfigError, match=r"merge\.fold"):
+        parse_config({"merge": {"fold": 0}})
+    # A fold writes only its last version: keeping every version's weights cannot hold.
+    with pytest.raises(ConfigError, match=r"merge\.fold above 1 .* store\.keep\.all"):
+        parse_config({"merge": {"fold": 4}, "store": {"keep": {"all": True}}})

@@ -19,6 +19,11 @@ ledger, the head, writing the version) propagate. Versions (the head, a
 result's base) are read against the checksums the ledger recorded, not only
 their groups' own.
 
+Results that wait together may be folded (``merge.fold``,
+:mod:`vcdl.driver.fold`): one pass, the versions between never written, the
+same bytes as one at a time; whatever a fold cannot take sends the group
+through :func:`merge_attempt` one by one.
+
 Crash safety comes from the order: the version group is written completely
 before the ledger points at it, and its path carries the attempt id, so a
 merger that loses the CAS race (or dies) leaves an orphan group the ledger
@@ -133,28 +138,20 @@ def merge_attempt(
                 reason or f"stale: staleness {staleness} > {cfg.merge.max_staleness}",
                 timings,
             )
-        blend_alpha = alpha
-        if attempt.state == "interrupted" and attempt.samples is not None:
-            # A partial result counts in proportion to the samples it saw: the
-            # result scaled towards the head by f (scale_result), then merged
-            # with alpha, is the head merged with the raw result at
-            # 1 - (1 - alpha) * f; one pass and no scaled copy of the result.
-            planned = _planned_samples(attempt, attrs)
-            fraction = min(1.0, attempt.samples / planned)
-            blend_alpha = 1.0 - (1.0 - alpha) * fraction
+        blended = blend_alpha(attempt, attrs, alpha)
 
         if base is None and rule.reads_base:
             # The same whatever the head does meanwhile: found once, not at every
             # CAS retry.
             t = time.perf_counter()
             try:
-                base = _base_of(ref, attempt, cache)
+                base = base_of(ref, attempt, cache)
             except StoreError as exc:
                 return _reject(ref, attempt, f"the result's base is unreadable: {exc}", timings)
             timings["read_base"] = time.perf_counter() - t
 
         state = (
-            cache.rule_state(head_row, lambda v: _read_rule_state(ref, store, v))
+            cache.rule_state(head_row, lambda v: read_rule_state(ref, store, v))
             if rule.keeps_state
             else None
         )
@@ -178,7 +175,7 @@ def merge_attempt(
                 rule,
                 head,
                 result,
-                blend_alpha,
+                blended,
                 functools.partial(store.writer, path, specs_of(head), attrs),
                 base=base if rule.reads_base else None,
                 state=state,
@@ -217,10 +214,10 @@ def merge_attempt(
             )
         except HeadConflict:
             # Another merger moved the head first: our groups are orphans.
-            _delete(store, path, state_path if merged.state is not None else None)
+            delete_groups(store, path, state_path if merged.state is not None else None)
             continue
         except AlreadyMerged:
-            _delete(store, path, state_path if merged.state is not None else None)
+            delete_groups(store, path, state_path if merged.state is not None else None)
             store.delete(attempt.result_uri)
             return MergeOutcome(
                 attempt.id, "duplicate", reason="subtask already merged", timings=timings
@@ -244,6 +241,20 @@ def merge_attempt(
             timings=timings,
         )
     raise HeadConflict(f"gave up merging attempt {attempt_id} after {max_retries} CAS conflicts")
+
+
+def blend_alpha(attempt: Attempt, attrs: Mapping[str, Any], alpha: float) -> float:
+    """The α the blend uses: ``alpha``, or more for a partial result.
+
+    A partial result counts in proportion to the samples it saw: the result
+    scaled towards the head by f (scale_result), then merged with alpha, is
+    the head merged with the raw result at 1 - (1 - alpha) * f; one pass and
+    no scaled copy of the result.
+    """
+    if attempt.state != "interrupted" or attempt.samples is None:
+        return alpha
+    fraction = min(1.0, attempt.samples / _planned_samples(attempt, attrs))
+    return 1.0 - (1.0 - alpha) * fraction
 
 
 def open_result(
@@ -282,7 +293,7 @@ def open_result(
         return stored, None, stored.attrs
     # A change from the base version: decoded batch by batch against it.
     try:
-        base = _base_of(ref, attempt, cache)
+        base = base_of(ref, attempt, cache)
     except StoreError as exc:
         return f"the result's base is unreadable: {exc}"
     decoded = Decoded(stored, base, cast(Precision, encoding))
@@ -291,7 +302,7 @@ def open_result(
     return decoded, base, stored.attrs
 
 
-def _base_of(ref: RunRef, attempt: Attempt, cache: HeadCache) -> StateDict | TensorSource:
+def base_of(ref: RunRef, attempt: Attempt, cache: HeadCache) -> StateDict | TensorSource:
     """The weights of the attempt's base version: kept in memory when recent (the cache
     never writes into a buffer an input uses), else streamed from the store, checked
     against the ledger's checksum."""
@@ -300,13 +311,13 @@ def _base_of(ref: RunRef, attempt: Attempt, cache: HeadCache) -> StateDict | Ten
     return kept if kept is not None else ref.store().reader(row.uri, expect=row.checksum)
 
 
-def _read_rule_state(ref: RunRef, store: WeightStore, version: Version) -> StateDict | None:
+def read_rule_state(ref: RunRef, store: WeightStore, version: Version) -> StateDict | None:
     """The rule's state stored beside ``version``; None before the first merge."""
     path = rule_state_path(ref.run, version.uri)
     return store.read_state(path) if store.exists(path) else None
 
 
-def _delete(store: WeightStore, *paths: str | None) -> None:
+def delete_groups(store: WeightStore, *paths: str | None) -> None:
     for path in paths:
         if path is not None:
             store.delete(path)

@@ -28,6 +28,7 @@ from vcdl.data import (
 )
 from vcdl.errors import ConfigError, DataError, VersionPruned
 from vcdl.ledger import Evaluation, Run
+from vcdl.ledger.models import FOLDED_CHECKSUM
 from vcdl.models import build_model
 from vcdl.objectives import objective_for
 from vcdl.runtime import RunRef
@@ -211,6 +212,13 @@ def load_version(ref: RunRef, number: int | None = None) -> tuple[int, dict[str,
     if row.pruned_at is not None:
         kept = [v.number for v in ledger.versions(ref.run) if v.pruned_at is None]
         shown = ", ".join(f"v{n}" for n in kept[-10:])
+        if row.checksum == FOLDED_CHECKSUM:
+            raise VersionPruned(
+                f"version {row.number} of run {ref.run!r} was folded into a later version "
+                "(merge.fold: results that waited together were merged in one pass): its "
+                f"lineage is in the ledger, its weights were never stored; kept versions "
+                f"include {shown}"
+            )
         raise VersionPruned(
             f"version {row.number} of run {ref.run!r} was pruned by the retention policy "
             f"(store.keep) at {row.pruned_at:%Y-%m-%d %H:%M:%S} UTC: its lineage stays in the "

@@ -18,6 +18,10 @@ accumulates: the structure is compared from the group's records before any
 data is read; NaN/Inf per batch; the update-norm bound (``merge.max_update_norm``)
 over every batch, so a result above it is rejected after its version was
 written, and the written group is deleted (an orphan if that fails).
+
+Several results that wait together (``merge.fold``) go through one pass
+(:func:`streamed_fold`): each batch through every merge in turn, only the
+last version written; one result is the pass with one step.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -50,6 +54,7 @@ BATCH_BYTES = 64 << 20
 batch is ~16 chunks), small beside any model worth streaming."""
 
 _T = TypeVar("_T")
+_J = TypeVar("_J")
 
 
 @dataclass
@@ -61,6 +66,8 @@ class Streamed:
     checksum: str | None = None
     timings: dict[str, float] | None = None
     """Seconds each stage was busy (read, merge, write); they overlap."""
+    failed: int | None = None
+    """Which result was refused (its index in a fold; 0 for one result)."""
 
 
 class Decoded:
@@ -91,6 +98,15 @@ class Decoded:
         return decode(stored, base_sub, self.precision)
 
 
+@dataclass(frozen=True)
+class Step:
+    """One result of a fold (:func:`streamed_fold`): its source, its α, its base if read."""
+
+    result: TensorSource
+    alpha: float
+    base: StateDict | TensorSource | None = None
+
+
 def streamed_merge(
     rule: MergeRule,
     head: StateDict,
@@ -115,25 +131,69 @@ def streamed_merge(
     reading it or its base, and inputs the rule refuses, become the reason);
     errors writing the version propagate.
     """
-    reason = mismatch(meta_state(specs_of(head)), meta_state(result.specs), "result")
-    if reason is not None:
-        return Streamed(None, reason)
-    if base is not None and not isinstance(base, dict):
-        reason = mismatch(meta_state(specs_of(head)), meta_state(base.specs), "base")
+    return streamed_fold(
+        rule,
+        head,
+        [Step(result, alpha, base)],
+        writer,
+        state=state,
+        out=out,
+        batch_bytes=batch_bytes,
+    )
+
+
+def streamed_fold(
+    rule: MergeRule,
+    head: StateDict,
+    steps: Sequence[Step],
+    writer: Callable[[], StateWriter],
+    *,
+    state: StateDict | None = None,
+    out: StateDict | None = None,
+    batch_bytes: int = BATCH_BYTES,
+) -> Streamed:
+    """Merge several results into ``head`` one after the other, writing only the last version.
+
+    Step i merges into what step i - 1 made, with its own α, exactly as
+    :func:`streamed_merge` would one result at a time, bit for bit: every
+    rule is elementwise, so the chain runs a batch of tensors at a time
+    (each batch through every step) and the versions between are never
+    whole in memory, hashed or written. The bytes in flight grow with the
+    steps (each step's batch of the result, and of its base), not with the
+    model. The rule's state goes through the chain the same way.
+
+    A result refused (unreadable, NaN/Inf, the norm bound, the rule's own
+    checks) stops the fold: the outcome names the step (``Streamed.failed``)
+    and nothing is left written. The caller then merges the results one at
+    a time, which refuses that one as it would have alone.
+    """
+    if not steps:
+        raise ValueError("streamed_fold needs at least one result")
+    head_meta = meta_state(specs_of(head))
+    reason: str | None
+    for i, step in enumerate(steps):
+        reason = mismatch(head_meta, meta_state(step.result.specs), "result")
+        if reason is None and step.base is not None and not isinstance(step.base, dict):
+            reason = mismatch(head_meta, meta_state(step.base.specs), "base")
+            if reason is not None:
+                reason = f"the result's base does not fit the head: {reason}"
         if reason is not None:
-            return Streamed(None, f"the result's base does not fit the head: {reason}")
+            return Streamed(None, reason, failed=i)
     bound = rule.settings.max_update_norm
     # Per batch without the global bound: it is summed here over every batch.
     unbounded = merge_rule(rule.settings.model_copy(update={"max_update_norm": None}))
     plan = batches(specs_of(head), batch_bytes)
+    last = len(steps) - 1
 
     busy = {"read": 0.0, "merge": 0.0, "write": 0.0}
 
-    def read(names: list[str]) -> tuple[StateDict, StateDict | None]:
+    def read(job: tuple[list[str], int]) -> tuple[StateDict, StateDict | None]:
+        names, i = job
         t = time.perf_counter()
         got: tuple[StateDict, StateDict | None]
-        with _unreadable():
-            sub = result.read(names)
+        with _unreadable(i):
+            sub = steps[i].result.read(names)
+            base = steps[i].base
             if base is not None and not isinstance(base, dict):
                 got = sub, base.read(names)
             else:
@@ -147,56 +207,70 @@ def streamed_merge(
         busy["write"] += time.perf_counter() - t
 
     version = writer()
-    norm_sq = 0.0
+    norm_sq = [0.0] * len(steps)
     weights: StateDict = {}
     new_state: StateDict | None = {} if rule.keeps_state else None
+    reason = None
+    failed: int | None = None
     try:
-        with _Stage(write, depth=2) as writing:
-            for (sub, base_sub), specs in zip(
-                _prefetch(read, ([s.name for s in b] for b in plan)), plan, strict=True
-            ):
-                t = time.perf_counter()
+        # One result's batch at a time, in the order the chain takes them: the
+        # bytes read ahead are those of a single merge, however many results.
+        jobs = (([s.name for s in b], i) for b in plan for i in range(len(steps)))
+        with _Stage(write, depth=2) as writing, contextlib.closing(_prefetch(read, jobs)) as inputs:
+            for specs in plan:
                 names = [s.name for s in specs]
-                head_sub = {k: head[k] for k in names}
-                if bound is not None:
-                    ref = base_sub if rule.reads_base and base_sub is not None else head_sub
-                    reason = _bounded(ref, sub)
-                    if reason is not None:
-                        break
-                    norm_sq += update_norm(ref, sub) ** 2
+                current: StateDict = {k: head[k] for k in names}
                 state_sub = _state_part(state, names)
-                try:
-                    applied = unbounded.apply(
-                        head_sub,
-                        sub,
-                        alpha,
-                        base=base_sub,
-                        state=state_sub,
-                        out=None if out is None else {k: out[k] for k in names},
-                    )
-                except MergeError as exc:  # inputs the rule refuses: this result's
-                    applied = f"cannot merge the result: {exc}"
-                if isinstance(applied, str):
-                    reason = applied
+                for i, step in enumerate(steps):
+                    sub, base_sub = next(inputs)
+                    t = time.perf_counter()  # merge time, not the wait for the read
+                    if bound is not None:
+                        ref = base_sub if rule.reads_base and base_sub is not None else current
+                        reason = _bounded(ref, sub)
+                        if reason is not None:
+                            failed = i
+                            break
+                        norm_sq[i] += update_norm(ref, sub) ** 2
+                    try:
+                        applied = unbounded.apply(
+                            current,
+                            sub,
+                            step.alpha,
+                            base=base_sub,
+                            state=state_sub,
+                            # The versions between are never whole: only the
+                            # last step writes into the new version's buffers.
+                            out=None if out is None or i < last else {k: out[k] for k in names},
+                        )
+                    except MergeError as exc:  # inputs the rule refuses: this result's
+                        applied = f"cannot merge the result: {exc}"
+                    if isinstance(applied, str):
+                        reason, failed = applied, i
+                        break
+                    current, state_sub = applied.weights, applied.state
+                    busy["merge"] += time.perf_counter() - t
+                if reason is not None:
                     break
-                weights.update(applied.weights)
-                if new_state is not None and applied.state is not None:
-                    new_state.update(applied.state)
-                busy["merge"] += time.perf_counter() - t
-                writing.put(applied.weights)
+                weights.update(current)
+                if new_state is not None and state_sub is not None:
+                    new_state.update(state_sub)
+                writing.put(current)
         if reason is None and bound is not None:
-            total = math.sqrt(norm_sq)
-            if not total <= bound:
-                reason = f"update norm {total:.6g} exceeds max_update_norm {bound:.6g}"
+            for i, total_sq in enumerate(norm_sq):
+                total = math.sqrt(total_sq)
+                if not total <= bound:
+                    reason = f"update norm {total:.6g} exceeds max_update_norm {bound:.6g}"
+                    failed = i
+                    break
         if reason is not None:
             version.abort()
-            return Streamed(None, reason)
+            return Streamed(None, reason, failed=failed)
         t = time.perf_counter()
         checksum = version.commit()
         busy["write"] += time.perf_counter() - t
     except Unreadable as exc:
         version.abort()
-        return Streamed(None, str(exc))
+        return Streamed(None, str(exc), failed=exc.step)
     except BaseException:
         version.abort()
         raise
@@ -237,11 +311,18 @@ def streamed_check(
 
 
 class Unreadable(Exception):
-    """A batch of the result (or of its base) could not be read; the message is the reason."""
+    """A batch of the result (or of its base) could not be read; the message is the reason.
+
+    ``step``: which result of a fold (:func:`streamed_fold`) it was.
+    """
+
+    def __init__(self, message: str, step: int = 0) -> None:
+        super().__init__(message)
+        self.step = step
 
 
 @contextlib.contextmanager
-def _unreadable() -> Iterator[None]:
+def _unreadable(step: int = 0) -> Iterator[None]:
     """Errors reading a result's batch, as the reason to reject it.
 
     What a result's bytes or records can raise: the store's errors (missing,
@@ -251,7 +332,7 @@ def _unreadable() -> Iterator[None]:
     try:
         yield
     except (StoreError, ValueError) as exc:
-        raise Unreadable(f"result unreadable: {exc}") from exc
+        raise Unreadable(f"result unreadable: {exc}", step) from exc
 
 
 def _bounded(ref: StateDict, sub: StateDict) -> str | None:
@@ -272,8 +353,8 @@ def _state_part(state: StateDict | None, names: list[str]) -> StateDict | None:
 
 
 def _prefetch(
-    read: Callable[[list[str]], _T], jobs: Iterator[list[str]], depth: int = 1
-) -> Iterator[_T]:
+    read: Callable[[_J], _T], jobs: Iterator[_J], depth: int = 1
+) -> Generator[_T, None, None]:
     """``read(job)`` for each job, one ahead in a thread, yielded in order."""
     q: queue.Queue[tuple[bool, object]] = queue.Queue(maxsize=depth)
     stop = threading.Event()

@@ -6,20 +6,29 @@ head's compare-and-swap, the new version row, the attempt and subtask
 marked merged. A subtask merged before makes the attempt a duplicate
 (:class:`~vcdl.errors.AlreadyMerged`); a head that moved on changes
 nothing (:class:`HeadMoved`).
+
+A fold (``merge.fold``, :meth:`MergeQueries.commit_fold`) records k merges
+in one transaction: k versions, the head moved to the last, the k - 1
+before it recorded as pruned under :data:`FOLDED_CHECKSUM` (their weights
+were never stored; none was ever the head, so no attempt's base is one).
+Anything that would make one of them go otherwise changes nothing
+(:class:`FoldRefused`): the caller merges them one at a time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, select, update
 from sqlalchemy.exc import IntegrityError
 
 from vcdl.errors import AlreadyMerged, HeadConflict, LedgerError
 from vcdl.ledger import models
 from vcdl.ledger.base import _HEAD_ROW, _PG_COMMIT_MERGE, _VER
 from vcdl.ledger.models import (
+    FOLDED_CHECKSUM,
     Version,
 )
 from vcdl.ledger.pg import (
@@ -54,6 +63,23 @@ class HeadMoved(HeadConflict):
     def __reduce__(self) -> tuple[type[HeadMoved], tuple[str, Version]]:
         # Exceptions cross process boundaries (Dask, Prefect) by pickle.
         return type(self), (str(self), self.head)
+
+
+class FoldRefused(HeadConflict):
+    """:meth:`MergeQueries.commit_fold` changed nothing: one of the merges could not go as
+    planned (the head moved, a subtask was merged meanwhile, an attempt's state forbids
+    it). Merge the results one at a time: each then ends as it would alone."""
+
+
+@dataclass(frozen=True)
+class FoldItem:
+    """One merge of a fold, in order: the attempt, its α and staleness, and where its
+    version's group is (or would have been: only the last one's is written)."""
+
+    attempt_id: str
+    alpha: float
+    staleness: int
+    uri: str
 
 
 class _LostRace(Exception):
@@ -183,6 +209,70 @@ class MergeQueries(VersionQueries):
                 f"v{number}; {what}, nothing merged again"
             )
         return result
+
+    def commit_fold(
+        self, name: str, items: Sequence[FoldItem], *, expected_head: int, checksum: str
+    ) -> list[Version]:
+        """Record ``items`` as versions ``expected_head + 1 ..`` in order, in one transaction.
+
+        The head moves to the last, whose group is written with ``checksum``;
+        the others are recorded as pruned under :data:`FOLDED_CHECKSUM`.
+        Raises :class:`FoldRefused` (changing nothing) if any merge would not
+        go as planned: the caller merges the results one at a time.
+        """
+        if not items:
+            raise ValueError("commit_fold needs at least one merge")
+        now = models.utcnow()
+        last = len(items) - 1
+
+        def tx(c: Connection) -> list[Version]:
+            made: list[Version] = []
+            for i, item in enumerate(items):
+                expected = expected_head + i
+                params = {
+                    "attempt_id": item.attempt_id,
+                    "run": name,
+                    "expected": expected,
+                    "new": expected + 1,
+                    "now": now,
+                    "alpha": item.alpha,
+                    "staleness": item.staleness,
+                    "uri": item.uri,
+                    "checksum": checksum if i == last else FOLDED_CHECKSUM,
+                }
+                try:
+                    row = commit_merge_row(c, params)
+                except IntegrityError as exc:
+                    raise FoldRefused(f"run {name!r}: fold refused: {exc}") from exc
+                if row is None or row.run != name or row.version_id is None:
+                    # Rolled back whole (raised inside the transaction).
+                    raise FoldRefused(
+                        f"run {name!r}: attempt {item.attempt_id} cannot be merged as "
+                        f"v{expected + 1} in a fold; merge the results one at a time"
+                    )
+                made.append(
+                    load(
+                        Version,
+                        {"id": row.version_id, "run": name, "number": expected + 1}
+                        | {"parent": expected, "subtask_id": row.subtask_id}
+                        | {"attempt_id": item.attempt_id, "epoch": row.epoch}
+                        | {"alpha": item.alpha, "staleness": item.staleness, "uri": item.uri}
+                        | {"checksum": params["checksum"], "created_at": now}
+                        | {"pruned_at": None if i == last else now},
+                    )
+                )
+            if last > 0:
+                c.execute(
+                    update(_VER)
+                    .where(_VER.c.run == name, _VER.c.id.in_([v.id for v in made[:last]]))
+                    .values(pruned_at=now)
+                )
+            return made
+
+        def conflict() -> LedgerError:
+            return FoldRefused(f"run {name!r}: a concurrent merge collided with a fold")
+
+        return self._db.write(tx, on_transient=conflict)
 
     def _after_lost_race(self, attempt_id: str) -> tuple[int, str] | None:
         """After a unique violation: mark the attempt duplicate if its subtask has a version.

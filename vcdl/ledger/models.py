@@ -138,6 +138,12 @@ class Attempt(SQLModel, table=True):
     written_bytes: int | None = Field(default=None, sa_type=BigInteger)
 
 
+FOLDED_CHECKSUM = "folded"
+"""The checksum of a version folded into a later one (``merge.fold``): its weights were never
+stored, so it is recorded as pruned from the moment it was made, under this checksum, which
+no stored group has (anything that would verify bytes against it fails)."""
+
+
 class Version(SQLModel, table=True):
     """An immutable global model version and its lineage."""
 

@@ -1,0 +1,197 @@
+"""Results that wait together, folded into one version write (``merge.fold``).
+
+This module owns the fold (docs/design.md, "Decisions made since"): k
+results of one epoch merged in one streamed pass, in order, each with the α
+and staleness it would get one at a time, only the last version written,
+the k versions and the head's move recorded in one ledger transaction
+(:meth:`~vcdl.ledger.merging.MergeQueries.commit_fold`). Whatever a fold
+cannot take goes through :func:`~vcdl.driver.assimilator.merge_attempt`
+one result at a time, which treats it exactly as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Sequence
+
+from vcdl.config import RunConfig
+from vcdl.driver.assimilator import (
+    MergeOutcome,
+    base_of,
+    blend_alpha,
+    delete_groups,
+    merge_attempt,
+    open_result,
+    read_rule_state,
+)
+from vcdl.driver.head_cache import HeadCache, head_cache
+from vcdl.driver.streamed import Step, streamed_fold
+from vcdl.errors import IntegrityError, StoreError, StoreNotFoundError
+from vcdl.ledger.merging import FoldItem, FoldRefused
+from vcdl.merge.rules import merge_rule
+from vcdl.runtime import RunRef
+from vcdl.states import MERGEABLE_ATTEMPT_STATES
+from vcdl.store.paths import rule_state_path, version_path
+from vcdl.store.streaming import specs_of
+
+
+def merge_attempts(
+    ref: RunRef,
+    attempt_ids: Sequence[str],
+    cfg: RunConfig,
+    cache: HeadCache | None = None,
+) -> list[MergeOutcome]:
+    """Merge results that wait together, in order; each outcome as :func:`merge_attempt` gives.
+
+    Several results of one epoch are folded into one version write
+    (:func:`fold_attempts`): the same weights, α and staleness as one at a
+    time, only the last version stored. Anything a fold does not cover (a
+    result to reject, stale or a duplicate, a head moved by another merger)
+    makes the whole group merge one at a time, which handles it exactly as
+    before; the fold leaves nothing behind in that case.
+    """
+    cache = cache if cache is not None else head_cache(cfg)
+    if len(attempt_ids) > 1:
+        folded = fold_attempts(ref, attempt_ids, cfg, cache)
+        if folded is not None:
+            return folded
+    return [merge_attempt(ref, a, cfg, cache) for a in attempt_ids]
+
+
+def fold_attempts(
+    ref: RunRef,
+    attempt_ids: Sequence[str],
+    cfg: RunConfig,
+    cache: HeadCache,
+) -> list[MergeOutcome] | None:
+    """Fold the results of ``attempt_ids`` into the head and write only the last version.
+
+    Returns their outcomes (all "merged", versions head + 1 .. head + k), or
+    None having changed nothing when the fold does not apply: an attempt
+    not mergeable, results of different epochs, a result to reject (bad,
+    unreadable, stale), a base unreadable, or the ledger refusing the fold
+    (:class:`~vcdl.ledger.merging.FoldRefused`). The version groups between
+    are never written; the ledger records them as pruned
+    (:data:`~vcdl.ledger.models.FOLDED_CHECKSUM`).
+    """
+    ledger, store = ref.ledger(), ref.store()
+    rule = merge_rule(cfg.merge)
+    timings: dict[str, float] = {}
+    attempts = [ledger.get_attempt(a) for a in attempt_ids]
+    if len({a.epoch for a in attempts}) != 1 or any(
+        a.state not in MERGEABLE_ATTEMPT_STATES or a.result_uri is None for a in attempts
+    ):
+        return None
+    opened = []
+    for attempt in attempts:
+        got = open_result(ref, attempt, cfg, cache, timings)
+        if isinstance(got, str):
+            return None
+        opened.append(got)
+
+    t = time.perf_counter()
+    head_row = ledger.head(ref.run)
+    head = cache.get(head_row, functools.partial(store.read_state, expect=head_row.checksum))
+    timings["read_head"] = time.perf_counter() - t
+    epoch = attempts[0].epoch
+    merged_in_epoch = sum(1 for s in ledger.subtasks(ref.run, epoch) if s.state == "merged")
+    steps: list[Step] = []
+    items: list[FoldItem] = []
+    for i, (attempt, (result, base, attrs)) in enumerate(zip(attempts, opened, strict=True)):
+        # As one at a time: the head this result would meet is head + i.
+        staleness = head_row.number + i - attempt.base_version
+        alpha = rule.alpha(epoch, cfg.run.epochs, staleness, merged_in_epoch + i)
+        if alpha is None:
+            return None
+        if base is None and rule.reads_base:
+            t = time.perf_counter()
+            try:
+                base = base_of(ref, attempt, cache)
+            except StoreError:
+                return None
+            timings["read_base"] = timings.get("read_base", 0.0) + time.perf_counter() - t
+        steps.append(
+            Step(result, blend_alpha(attempt, attrs, alpha), base if rule.reads_base else None)
+        )
+        number = head_row.number + i + 1
+        items.append(
+            FoldItem(attempt.id, alpha, staleness, version_path(ref.run, number, attempt.id[:12]))
+        )
+
+    state = (
+        cache.rule_state(head_row, lambda v: read_rule_state(ref, store, v))
+        if rule.keeps_state
+        else None
+    )
+    last, number = attempts[-1], head_row.number + len(attempts)
+    path = items[-1].uri
+    attrs = {
+        "run": ref.run,
+        "number": number,
+        "parent": number - 1,
+        "attempt": last.id,
+        "epoch": epoch,
+        "shard": last.shard,
+        "alpha": items[-1].alpha,
+        "staleness": items[-1].staleness,
+        # The versions before it in this fold: recorded in the ledger, never stored.
+        "folded": [a.id for a in attempts[:-1]],
+    }
+    t = time.perf_counter()
+    spare = cache.take_spare(rule, head)
+    try:
+        streamed = streamed_fold(
+            rule,
+            head,
+            steps,
+            functools.partial(store.writer, path, specs_of(head), attrs),
+            state=state,
+            out=spare,
+        )
+    except (IntegrityError, StoreNotFoundError):
+        cache.give_back(spare)
+        return None
+    timings["merge"] = time.perf_counter() - t
+    if streamed.applied is None:
+        cache.give_back(spare)
+        return None
+    merged = streamed.applied
+    assert streamed.checksum is not None
+
+    t = time.perf_counter()
+    state_path = rule_state_path(ref.run, path)
+    if merged.state is not None:
+        store.write_state(state_path, merged.state, attrs={"run": ref.run, "number": number})
+    timings["write_version"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    try:
+        versions = ledger.commit_fold(
+            ref.run, items, expected_head=head_row.number, checksum=streamed.checksum
+        )
+    except FoldRefused:
+        delete_groups(store, path, state_path if merged.state is not None else None)
+        return None
+    finally:
+        timings["ledger"] = time.perf_counter() - t
+    cache.put(number, merged.weights, owned=True)
+    if rule.keeps_state:
+        cache.put_rule_state(number, merged.state)
+        store.delete(rule_state_path(ref.run, head_row.uri))
+    for attempt in attempts:
+        assert attempt.result_uri is not None  # checked above
+        store.delete(attempt.result_uri)
+    # Each result's share of the fold's time: what a merge costs per result.
+    share = {k: v / len(attempts) for k, v in timings.items()}
+    return [
+        MergeOutcome(
+            attempt.id,
+            "merged",
+            version=version.number,
+            alpha=item.alpha,
+            staleness=item.staleness,
+            timings=dict(share),
+        )
+        for attempt, item, version in zip(attempts, items, versions, strict=True)
+    ]
