@@ -15,13 +15,13 @@ a model):
   written, the three stages overlapped;
 * ``whole`` -- the assimilator before: ``read_state`` of the whole result,
   the rule's merge into the spare buffers, ``write_state``;
-* ``serial`` and ``folded`` -- ``--fold`` results (k, default 4) merged one
-  after the other in one process, each into the previous one's output. In
-  ``serial`` every merge writes its version, as the assimilator does; in
-  ``folded`` only the last one does, the others' output kept in memory and
-  never hashed or written. ``folded`` is not something vcdl does: it measures
-  what the designed "fewer version writes" merge (docs/results.md) would save
-  per result when k results wait, before anyone builds it.
+* ``serial`` and ``folded`` -- ``--fold`` results (k, default 4) merged in
+  one process. In ``serial`` each merges into the previous one's output and
+  writes its version, as the assimilator does one at a time; ``folded`` is
+  what ``merge.fold`` does (``vcdl.driver.streamed.streamed_fold``): one pass,
+  each batch of tensors through the k merges, only the last version written.
+  (Before ``merge.fold`` was built, ``folded`` ran k streamed merges with the
+  first k - 1 writing nowhere: the estimate in docs/results.md.)
 
 For ``streamed``, the seconds each stage was busy (read, merge, write; they
 overlap) are printed too.
@@ -54,12 +54,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from vcdl.store.streaming import StateWriter
+    pass
 
 SIDE = 4096
 MODES = ("streamed", "whole", "serial", "folded")
@@ -101,30 +99,12 @@ def write_states(store_dir: str, layers: int, side: int = SIDE) -> int:
     return sum(s.nbytes for s in specs)
 
 
-class _Discard:
-    """A version writer that keeps nothing: an unwritten version of the ``folded`` mode."""
-
-    def write(self, tensors: object) -> None:
-        pass
-
-    def commit(self) -> str:
-        return ""
-
-    def abort(self) -> None:
-        pass
-
-
-def _discarding() -> StateWriter:
-    # Duck-typed: streamed_merge calls only write, commit and abort.
-    return cast("StateWriter", _Discard())
-
-
 def child(store_dir: str, mode: str, out: str, batch_mb: str, fold: str = "1") -> None:
     """One merge (``fold`` for serial/folded) in this fresh process; its figures as JSON."""
     import torch
 
     from vcdl.config import MergeSection
-    from vcdl.driver.streamed import streamed_merge
+    from vcdl.driver.streamed import Step, streamed_fold, streamed_merge
     from vcdl.merge.rules import merge_rule
     from vcdl.store import WeightStore
     from vcdl.store.streaming import specs_of
@@ -141,20 +121,27 @@ def child(store_dir: str, mode: str, out: str, batch_mb: str, fold: str = "1") -
         t.zero_()
     stages: dict[str, float] = {}
     start = time.perf_counter()
-    if mode != "whole":
+    if mode == "folded":
+        k = int(fold)
+        got = streamed_fold(
+            rule,
+            head,
+            [Step(store.reader("result"), 0.5) for _ in range(k)],
+            functools.partial(store.writer, "version", specs_of(head)),
+            out=spare,
+            batch_bytes=int(float(batch_mb) * (1 << 20)),
+        )
+        assert got.applied is not None, got.reason
+    elif mode != "whole":
         # streamed is one merge (fold 1) that writes its version.
         k, specs = int(fold), specs_of(head)
         for i in range(k):
-            written = mode != "folded" or i == k - 1
-            opener: Callable[[], StateWriter] = (
-                functools.partial(store.writer, f"version-{i}", specs) if written else _discarding
-            )
             got = streamed_merge(
                 rule,
                 head,
                 store.reader("result"),
                 0.5,
-                opener,
+                functools.partial(store.writer, f"version-{i}", specs),
                 out=spare,
                 batch_bytes=int(float(batch_mb) * (1 << 20)),
             )
