@@ -17,15 +17,16 @@ from typing import Any
 import pytest
 import torch
 
+from tests.bitwise import assert_bitwise
 from vcdl.config import MergeSection, RunConfig, parse_config
 from vcdl.driver.assimilator import MergeOutcome, merge_attempt
 from vcdl.driver.fold import merge_attempts
 from vcdl.driver.head_cache import head_cache
 from vcdl.driver.runs import load_version, prepare_run
-from vcdl.driver.streamed import Step, streamed_fold
+from vcdl.driver.streamed import Step, Streamed, streamed_fold
 from vcdl.errors import VersionPruned
 from vcdl.ledger.models import FOLDED_CHECKSUM
-from vcdl.merge.rules import RULES, Applied, merge_rule
+from vcdl.merge.rules import RULES, Applied, MergeRule, merge_rule
 from vcdl.runtime import RunRef
 from vcdl.store import WeightStore
 from vcdl.store.streaming import specs_of
@@ -36,17 +37,6 @@ from vcdl.worker.attempt import run_attempt
 pytestmark = pytest.mark.timeout(300)
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
-
-
-def assert_bitwise(got: StateDict, want: StateDict) -> None:
-    assert list(got) == list(want)
-    for k, w in want.items():
-        assert got[k].dtype == w.dtype and got[k].shape == w.shape, k
-        assert torch.equal(bits(got[k]), bits(w)), k
 
 
 # -- the streamed fold against the in-memory chain ------------------------------------------
@@ -115,24 +105,31 @@ def test_the_streamed_fold_is_the_chain_of_merges(
         assert_bitwise({n: got.applied.state[n] for n in rule_state}, rule_state)
 
 
-@pytest.mark.parametrize("bad", [0, 1, 2])
-def test_a_bad_result_stops_the_fold_and_is_named(tmp_path: Path, bad: int) -> None:
-    rule = merge_rule(MergeSection(rule="vc_asgd"))
-    head, results = _states(0, torch.float32, 3)
-    results[bad]["w4"][17] = float("nan")
-    store = WeightStore(str(tmp_path / "store"))
+def fold_stored(tmp: Path, rule: MergeRule, head: StateDict, results: list[StateDict]) -> Streamed:
+    """``results`` written to a store and folded into ``head`` at α 0.5, into version "v"."""
+    store = WeightStore(str(tmp / "store"))
     for i, result in enumerate(results):
         store.write_state(f"r{i}", result)
     got = streamed_fold(
         rule,
         head,
-        [Step(store.reader(f"r{i}"), 0.5) for i in range(3)],
+        [Step(store.reader(f"r{i}"), 0.5) for i in range(len(results))],
         lambda: store.writer("v", specs_of(head)),
         batch_bytes=20_000,
     )
+    if got.applied is None:
+        assert not store.exists("v")  # a refused fold leaves nothing written
+    return got
+
+
+@pytest.mark.parametrize("bad", [0, 1, 2])
+def test_a_bad_result_stops_the_fold_and_is_named(tmp_path: Path, bad: int) -> None:
+    rule = merge_rule(MergeSection(rule="vc_asgd"))
+    head, results = _states(0, torch.float32, 3)
+    results[bad]["w4"][17] = float("nan")
+    got = fold_stored(tmp_path, rule, head, results)
     assert got.applied is None and got.failed == bad
     assert "NaN" in (got.reason or "") or "finite" in (got.reason or ""), got.reason
-    assert not store.exists("v")
 
 
 def test_the_norm_bound_holds_for_each_result_of_a_fold(tmp_path: Path) -> None:
@@ -141,19 +138,9 @@ def test_the_norm_bound_holds_for_each_result_of_a_fold(tmp_path: Path) -> None:
     # others are some 200 away.
     results[1] = {k: t * 100 if t.is_floating_point() else t for k, t in results[1].items()}
     rule = merge_rule(MergeSection(rule="vc_asgd", max_update_norm=1000.0))
-    store = WeightStore(str(tmp_path / "store"))
-    for i, result in enumerate(results):
-        store.write_state(f"r{i}", result)
-    got = streamed_fold(
-        rule,
-        head,
-        [Step(store.reader(f"r{i}"), 0.5) for i in range(3)],
-        lambda: store.writer("v", specs_of(head)),
-        batch_bytes=20_000,
-    )
+    got = fold_stored(tmp_path, rule, head, results)
     assert got.applied is None and got.failed == 1, got.reason
     assert "max_update_norm" in (got.reason or "")
-    assert not store.exists("v")
 
 
 # -- the assimilator: folded against one at a time, on a real store and ledger --------------

@@ -16,6 +16,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.bitwise import assert_bitwise
 from vcdl.config import MergeSection
 from vcdl.driver.streamed import streamed_check, streamed_merge
 from vcdl.merge.rules import RULES, Applied, merge_rule
@@ -24,17 +25,6 @@ from vcdl.store.streaming import specs_of
 from vcdl.types import StateDict
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
-
-
-def assert_bitwise(got: StateDict, want: StateDict) -> None:
-    assert list(got) == list(want)
-    for k, w in want.items():
-        assert got[k].dtype == w.dtype and got[k].shape == w.shape, k
-        assert torch.equal(bits(got[k]), bits(w)), k
 
 
 def make_states(
