@@ -54,10 +54,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    pass
+from typing import Any
 
 SIDE = 4096
 MODES = ("streamed", "whole", "serial", "folded")

@@ -158,9 +158,11 @@ def streamed_fold(
     :func:`streamed_merge` would one result at a time, bit for bit: every
     rule is elementwise, so the chain runs a batch of tensors at a time
     (each batch through every step) and the versions between are never
-    whole in memory, hashed or written. The bytes in flight grow with the
-    steps (each step's batch of the result, and of its base), not with the
-    model. The rule's state goes through the chain the same way.
+    whole in memory, hashed or written. The results are read one batch of
+    one result at a time, in the order the chain takes them, so the
+    read-ahead is a single merge's; the versions between add one batch
+    while it goes through the chain. The rule's state goes through the
+    chain the same way.
 
     A result refused (unreadable, NaN/Inf, the norm bound, the rule's own
     checks) stops the fold: the outcome names the step (``Streamed.failed``)

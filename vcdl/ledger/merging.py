@@ -104,6 +104,19 @@ def _merge_row(row: tuple[Any, ...] | None) -> MergeRow | None:
     )
 
 
+def _version(row: MergeRow, params: dict[str, Any], pruned: bool = False) -> Version:
+    """The version a merge statement made: its row's ids and the statement's ``params``
+    (run, expected, new, now, attempt_id, alpha, staleness, uri, checksum)."""
+    now = params["now"]
+    return load(
+        Version,
+        {"id": row.version_id, "run": params["run"], "number": params["new"]}
+        | {"parent": params["expected"], "subtask_id": row.subtask_id, "epoch": row.epoch}
+        | {k: params[k] for k in ("attempt_id", "alpha", "staleness", "uri", "checksum")}
+        | {"created_at": now, "pruned_at": now if pruned else None},
+    )
+
+
 class MergeQueries(VersionQueries):
     """The merge."""
 
@@ -162,14 +175,7 @@ class MergeQueries(VersionQueries):
                     "merge onto that head and retry",
                     head,
                 )
-            version = {"id": row.version_id, "run": name, "number": new, "parent": expected_head}
-            return load(
-                Version,
-                version
-                | {"subtask_id": row.subtask_id, "attempt_id": attempt_id, "epoch": row.epoch}
-                | {"alpha": alpha, "staleness": staleness, "uri": uri, "checksum": checksum}
-                | {"created_at": now, "pruned_at": None},
-            )
+            return _version(row, params)
 
         def conflict() -> LedgerError:
             return HeadConflict(
@@ -250,17 +256,7 @@ class MergeQueries(VersionQueries):
                         f"run {name!r}: attempt {item.attempt_id} cannot be merged as "
                         f"v{expected + 1} in a fold; merge the results one at a time"
                     )
-                made.append(
-                    load(
-                        Version,
-                        {"id": row.version_id, "run": name, "number": expected + 1}
-                        | {"parent": expected, "subtask_id": row.subtask_id}
-                        | {"attempt_id": item.attempt_id, "epoch": row.epoch}
-                        | {"alpha": item.alpha, "staleness": item.staleness, "uri": item.uri}
-                        | {"checksum": params["checksum"], "created_at": now}
-                        | {"pruned_at": None if i == last else now},
-                    )
-                )
+                made.append(_version(row, params, pruned=i < last))
             if last > 0:
                 c.execute(
                     update(_VER)
