@@ -38,6 +38,7 @@ parameters; peak memory <= baseline + 3x the model's bytes at 100M and 1B.
     python benchmarks/big_merge.py --quick           # 17M in 1024 x 1024 layers, 1 repeat
     python benchmarks/big_merge.py --params 1e8 --repeats 5
     python benchmarks/big_merge.py --params 2.5e7 1e8 --modes serial folded --fold 4
+    python benchmarks/big_merge.py --params 1e8 --embedding-rows 8192 --modes streamed folded
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ def layer_count(params: float, side: int) -> int:
     return max(1, round(params / (side * side + side)))
 
 
-def write_states(store_dir: str, layers: int, side: int = SIDE) -> int:
-    """Head and result groups of ``layers`` layers, written in parts (bounded memory)."""
+def write_states(store_dir: str, layers: int, side: int = SIDE, embedding: int = 0) -> int:
+    """Head and result groups of ``layers`` layers (after an ``embedding`` x ``side``
+    token embedding if ``embedding``), written in parts (bounded memory)."""
     import torch
 
     from vcdl.store import WeightStore
@@ -75,6 +77,8 @@ def write_states(store_dir: str, layers: int, side: int = SIDE) -> int:
 
     store = WeightStore(store_dir)
     specs = []
+    if embedding:
+        specs.append(TensorSpec("embed.weight", torch.float32, (embedding, side)))
     for i in range(layers):
         specs += [
             TensorSpec(f"layers.{i}.weight", torch.float32, (side, side)),
@@ -84,6 +88,8 @@ def write_states(store_dir: str, layers: int, side: int = SIDE) -> int:
     gen = torch.Generator().manual_seed(0)
     for path, shift in (("head", 0.0), ("result", 0.01)):
         writer = store.writer(path, specs)
+        if embedding:
+            writer.write({"embed.weight": torch.randn(embedding, side, generator=gen) + shift})
         for i in range(layers):
             writer.write(
                 {
@@ -203,13 +209,19 @@ def run_child(store_dir: str, mode: str, tmp: str, batch_mb: float, fold: int) -
 
 
 def bench(
-    params: float, repeats: int, modes: list[str], side: int, batch_mb: float, fold: int = 4
+    params: float,
+    repeats: int,
+    modes: list[str],
+    side: int,
+    batch_mb: float,
+    fold: int = 4,
+    embedding: int = 0,
 ) -> dict[str, Any]:
-    layers = layer_count(params, side)
+    layers = layer_count(params - embedding * side, side)
     with tempfile.TemporaryDirectory(prefix="vcdl-big-merge-") as tmp:
         store_dir = os.path.join(tmp, "store")
         t = time.perf_counter()
-        nbytes = write_states(store_dir, layers, side)
+        nbytes = write_states(store_dir, layers, side, embedding)
         print(
             f"[{params:.0e}] wrote head and result: {nbytes / 1e9:.2f} GB each in "
             f"{time.perf_counter() - t:.1f} s",
@@ -235,8 +247,14 @@ def bench(
                     flush=True,
                 )
         rows = {mode: _row(mode, got, nbytes, fold) for mode, got in runs.items()}
-    params_n = layers * (side * side + side)
-    return {"params": params_n, "model_bytes": nbytes, "batch_mb": batch_mb, "rows": rows}
+    params_n = layers * (side * side + side) + embedding * side
+    return {
+        "params": params_n,
+        "model_bytes": nbytes,
+        "batch_mb": batch_mb,
+        "embedding_rows": embedding,
+        "rows": rows,
+    }
 
 
 def _row(mode: str, runs: list[dict[str, Any]], nbytes: int, fold: int) -> dict[str, Any]:
@@ -275,6 +293,13 @@ def main() -> None:
         "--fold", type=int, default=4, help="results merged by the serial and folded contenders"
     )
     p.add_argument(
+        "--embedding-rows",
+        type=int,
+        default=0,
+        help="a token embedding of this many rows x the layer side first (a language "
+        "model's largest tensor; counted in --params)",
+    )
+    p.add_argument(
         "--quick",
         action="store_true",
         help="CI: 17M parameters in 1024 x 1024 layers, 4-MB batches, 1 repeat, every "
@@ -298,7 +323,7 @@ def main() -> None:
     results = []
     for n in params:
         modes = [m for m in wanted if m != "whole" or n <= args.whole_up_to]
-        results.append(bench(n, repeats, modes, side, batch_mb, fold))
+        results.append(bench(n, repeats, modes, side, batch_mb, fold, args.embedding_rows))
     print()
     head = ("params", "contender", "s", "GB/s", "peak - baseline", "x model")
     print("{:>8} {:10} {:>7} {:>6} {:>16} {:>8}".format(*head))

@@ -23,7 +23,7 @@ from tests.contract.test_store import (
 from vcdl.errors import IntegrityError, StoreError, StoreNotFoundError
 from vcdl.store import WeightStore
 from vcdl.store import layout as store_layout
-from vcdl.store.streaming import batches, specs_of
+from vcdl.store.streaming import batches, read_parts, specs_of, take
 from vcdl.types import StateDict
 
 # Fixtures used by name (defined in test_store.py).
@@ -46,9 +46,14 @@ def mixed_state() -> StateDict:
 
 
 def _write_streamed(store: WeightStore, path: str, state: StateDict, limit: int) -> str:
+    """``state`` written in the batches of ``limit`` bytes a streamed merge writes: tensors
+    larger than that in parts (rows)."""
     writer = store.writer(path, specs_of(state), attrs={"n": 1})
     for batch in batches(specs_of(state), limit):
-        writer.write({s.name: state[s.name] for s in batch})
+        if batch[0].whole:
+            writer.write(take(state, batch))
+        else:
+            writer.write_rows(batch[0].name, batch[0].of(state[batch[0].name]))
     return writer.commit()
 
 
@@ -119,3 +124,90 @@ def test_an_uncommitted_writer_leaves_an_orphan_never_a_group(store: WeightStore
     # The process dies here: chunks are written, the group document is not.
     assert not store.exists("runs/r/versions/3")
     assert store.list("runs/r/versions") == ["3"]  # an orphan for the sweeper
+
+
+# ------------------------------------------------------ a tensor in rows
+
+
+def test_batches_split_a_tensor_larger_than_a_batch_into_rows(store: WeightStore) -> None:
+    state = mixed_state()
+    plan = batches(specs_of(state), 300_000)
+    big = [b[0] for b in plan if not b[0].whole and b[0].name == "big.float32"]
+    # 700 rows of 4000 bytes in batches of 75 rows (300 kB): 10 parts, in order.
+    assert [(p.start, p.stop) for p in big] == [(a, min(a + 75, 700)) for a in range(0, 700, 75)]
+    assert all(len(b) == 1 for b in plan if not b[0].whole)
+
+
+@pytest.mark.parametrize("limit", [1, 300_000], ids=["row-by-row", "300KB"])
+def test_rows_read_in_batches_are_the_whole_state(
+    backend: Backend, store: WeightStore, limit: int
+) -> None:
+    state = mixed_state()
+    store.write_state("v", state)
+    reader = store.reader("v")
+    got: dict[str, list[torch.Tensor]] = {}
+    for batch in batches(reader.specs, limit):
+        for name, t in read_parts(reader, batch).items():
+            got.setdefault(name, []).append(t)
+    whole = {k: v[0] if len(v) == 1 else torch.cat(v) for k, v in got.items()}
+    assert_same_state(whole, state)
+
+
+def test_rows_are_verified_when_the_last_of_them_is_read(
+    backend: Backend, store: WeightStore
+) -> None:
+    state = mixed_state()
+    store.write_state("v", state)
+    key, at = chunk_key(store, "v", "big.float32")  # its first byte: row 0
+    raw = bytearray(backend.read_raw(key))
+    raw[at] ^= 0xFF
+    backend.write_raw(key, bytes(raw))
+    reader = store.reader("v")
+    parts = [b[0] for b in batches(reader.specs, 300_000) if b[0].name == "big.float32"]
+    for p in parts[:-1]:
+        assert p.stop is not None
+        reader.read_rows(p.name, p.start, p.stop)  # handed out, the hash not yet complete
+    last = parts[-1]
+    assert last.stop is not None
+    with pytest.raises(IntegrityError, match=r"checksum mismatch in tensor 'big\.float32'"):
+        reader.read_rows(last.name, last.start, last.stop)
+    # Without verification the same rows read, in any order.
+    loose = store.reader("v", verify=False)
+    assert loose.read_rows("big.float32", 600, 700).shape == (100, 1000)
+
+
+def test_rows_out_of_order_are_refused_and_a_new_pass_starts_at_row_0(store: WeightStore) -> None:
+    state = mixed_state()
+    store.write_state("v", state)
+    reader = store.reader("v")
+    with pytest.raises(RuntimeError, match="out of order"):
+        reader.read_rows("big.float32", 100, 200)
+    reader.read_rows("big.float32", 0, 100)
+    with pytest.raises(RuntimeError, match="expected 100"):
+        reader.read_rows("big.float32", 200, 300)
+    reader.read_rows("big.float32", 0, 350)  # a second pass over the tensor
+    rest = reader.read_rows("big.float32", 350, 700)  # verified whole: no error
+    torch.testing.assert_close(rest, state["big.float32"][350:], rtol=0, atol=0)
+    with pytest.raises(IndexError):
+        reader.read_rows("big.float32", 650, 701)
+
+
+def test_a_writer_takes_rows_in_order_and_nothing_else_between(store: WeightStore) -> None:
+    state = {"a": torch.randn(10, 3), "b": torch.randn(4)}
+    writer = store.writer("v", specs_of(state))
+    with pytest.raises(StoreError, match=r"expected rows 0\.\. of tensor 'a'"):
+        writer.write_rows("b", state["b"])
+    writer.write_rows("a", state["a"][:4])
+    with pytest.raises(StoreError, match="written up to row 4"):
+        writer.write({"b": state["b"]})
+    with pytest.raises(StoreError, match=r"expected rows 4\.\. of tensor 'a'"):
+        writer.write_rows("a", state["a"][4:].double())
+    with pytest.raises(StoreError, match=r"never written: \['a \(rows 4\.\. of 10\)'"):
+        writer.commit()
+    with pytest.raises(StoreError, match=r"expected rows 4\.\."):
+        writer.write_rows("a", torch.randn(7, 3))  # past the tensor's end
+    writer.write_rows("a", state["a"][4:])
+    writer.write({"b": state["b"]})
+    writer.commit()
+    store.write_state("w", state)
+    assert store.checksum("v") == store.checksum("w")

@@ -94,10 +94,12 @@ def test_the_streamed_fold_is_the_chain_of_merges(
         ],
         lambda: store.writer("v", specs_of(head)),
         out=out,
-        batch_bytes=20_000,  # many batches; the 300x70 tensor a batch alone
+        batch_bytes=20_000,  # many batches; the 300x70 tensor in rows
     )
     assert got.applied is not None, got.reason
     assert_bitwise(got.applied.weights, want)
+    if out is not None:  # merged in rows into the buffers given, not into a copy
+        assert got.applied.weights["w0"] is out["w0"]
     assert_bitwise(store.read_state("v"), want)
     assert got.checksum == store.checksum("v")
     if rule_state is not None:

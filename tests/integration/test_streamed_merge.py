@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from tests.bitwise import assert_bitwise
 from vcdl.config import MergeSection
-from vcdl.driver.streamed import streamed_check, streamed_merge
+from vcdl.driver.streamed import Decoded, streamed_check, streamed_merge
+from vcdl.merge.codec import decode, encode
 from vcdl.merge.rules import RULES, Applied, merge_rule
 from vcdl.store import WeightStore
 from vcdl.store.streaming import specs_of
@@ -90,7 +91,7 @@ def merge_both(
 @pytest.mark.parametrize("rule_name", sorted(RULES))
 @pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: str(d).removeprefix("torch."))
 def test_streamed_equals_in_memory(tmp_path: Path, rule_name: str, dtype: torch.dtype) -> None:
-    # 20 kB batches: many batches, and the 300x70 tensor a batch alone.
+    # 20 kB batches: many batches, and the 300x70 and 40x40x3 tensors in rows.
     merge_both(tmp_path, rule_name, dtype, bound=None, batch=20_000)
 
 
@@ -154,3 +155,35 @@ def test_a_result_of_another_model_is_rejected_before_anything_is_written(
     )
     assert got.applied is None and "shape mismatch at 'w0'" in (got.reason or "")
     assert opened == []
+
+
+@pytest.mark.parametrize("precision", ["bf16_delta", "int8_delta"])
+@pytest.mark.parametrize("rule_name", ["vc_asgd", "delta"])
+@pytest.mark.parametrize("batch", [4_000, 1 << 30], ids=["rows", "one-batch"])
+def test_a_reduced_result_streams_in_rows_as_it_decodes_whole(
+    tmp_path: Path, precision: str, rule_name: str, batch: int
+) -> None:
+    # The int8 scales are one per row: rows of a tensor decode with their own.
+    rule = merge_rule(MergeSection(rule=rule_name))  # type: ignore[arg-type]
+    head, result, base = make_states(3, torch.float32, [(300, 70), (5,), (40, 40, 3)])
+    stored = encode(result, base, precision)  # type: ignore[arg-type]
+    want = rule.apply(head, decode(stored, base, precision), 0.35, base=base)  # type: ignore[arg-type]
+    assert isinstance(want, Applied)
+    store = WeightStore(str(tmp_path / "s"))
+    store.write_state("stored", stored)
+    store.write_state("base", base)
+    for base_in in ("memory", "store"):
+        base_src = base if base_in == "memory" else store.reader("base")
+        got = streamed_merge(
+            rule,
+            head,
+            Decoded(store.reader("stored"), base_src, precision),  # type: ignore[arg-type]
+            0.35,
+            lambda path=f"v-{base_in}": store.writer(path, specs_of(head)),  # type: ignore[misc]
+            # The base the rule reads is the one the result decodes against: read once.
+            base=base_src if rule.reads_base else None,
+            batch_bytes=batch,
+        )
+        assert got.applied is not None, got.reason
+        assert_bitwise(got.applied.weights, want.weights)
+        assert_bitwise(store.read_state(f"v-{base_in}"), want.weights)

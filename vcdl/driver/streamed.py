@@ -33,19 +33,24 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Generic, TypeVar
+
+import torch
 
 from vcdl.errors import MergeError, StoreError
 from vcdl.merge.checks import mismatch, update_norm
 from vcdl.merge.codec import Precision, check_stored, decode, stored_names
 from vcdl.merge.rules import STEP_KEY, Applied, MergeRule, merge_rule
 from vcdl.store.streaming import (
+    Part,
     StateReader,
     StateWriter,
     TensorSource,
     batches,
     meta_state,
+    read_parts,
     specs_of,
+    take,
 )
 from vcdl.types import StateDict
 
@@ -80,7 +85,7 @@ class Decoded:
     def __init__(
         self, stored: StateReader, base: StateDict | TensorSource, precision: Precision
     ) -> None:
-        self._stored, self._base, self.precision = stored, base, precision
+        self._stored, self.base, self.precision = stored, base, precision
         base_specs = specs_of(base) if isinstance(base, dict) else base.specs
         self.specs = base_specs
         self._floating = {s.name: s.dtype.is_floating_point for s in base_specs}
@@ -91,11 +96,26 @@ class Decoded:
         )
 
     def read(self, names: Iterable[str]) -> StateDict:
-        keys = list(names)
-        stored = self._stored.read(stored_names(keys, self._floating, self.precision))
-        base = self._base
-        base_sub = {k: base[k] for k in keys} if isinstance(base, dict) else base.read(keys)
-        return decode(stored, base_sub, self.precision)
+        specs = {s.name: s for s in self.specs}
+        return self.read_both([Part(specs[k]) for k in names])[0]
+
+    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        spec = next(s for s in self.specs if s.name == name)
+        return self.read_both([Part(spec, start, stop)])[0][name]
+
+    def read_both(self, parts: Sequence[Part]) -> tuple[StateDict, StateDict]:
+        """A batch of the result and the same batch of its base (read once for both)."""
+        names = stored_names([p.name for p in parts], self._floating, self.precision)
+        if len(parts) == 1 and not parts[0].whole:
+            # Rows of one tensor: its int8 scales are one per row, the same rows.
+            p = parts[0]
+            assert p.stop is not None
+            stored = {k: self._stored.read_rows(k, p.start, p.stop) for k in names}
+        else:
+            stored = self._stored.read(names)
+        base = self.base
+        base_sub = take(base, parts) if isinstance(base, dict) else read_parts(base, parts)
+        return decode(stored, base_sub, self.precision), base_sub
 
 
 @dataclass(frozen=True)
@@ -189,23 +209,29 @@ def streamed_fold(
 
     busy = {"read": 0.0, "merge": 0.0, "write": 0.0}
 
-    def read(job: tuple[list[str], int]) -> tuple[StateDict, StateDict | None]:
-        names, i = job
+    def read(job: tuple[list[Part], int]) -> tuple[StateDict, StateDict | None]:
+        parts, i = job
         t = time.perf_counter()
         got: tuple[StateDict, StateDict | None]
+        result, base = steps[i].result, steps[i].base
         with _unreadable(i):
-            sub = steps[i].result.read(names)
-            base = steps[i].base
-            if base is not None and not isinstance(base, dict):
-                got = sub, base.read(names)
+            if isinstance(result, Decoded) and base is result.base:
+                got = result.read_both(parts)  # the base read once, not twice
+            elif base is None:
+                got = read_parts(result, parts), None
             else:
-                got = sub, None if base is None else {k: base[k] for k in names}
+                base_sub = take(base, parts) if isinstance(base, dict) else read_parts(base, parts)
+                got = read_parts(result, parts), base_sub
         busy["read"] += time.perf_counter() - t
         return got
 
-    def write(tensors: StateDict) -> None:
+    def write(batch: tuple[list[Part], StateDict]) -> None:
+        parts, tensors = batch
         t = time.perf_counter()
-        version.write(tensors)
+        if parts[0].whole:
+            version.write(tensors)
+        else:
+            version.write_rows(parts[0].name, tensors[parts[0].name])
         busy["write"] += time.perf_counter() - t
 
     version = writer()
@@ -217,12 +243,11 @@ def streamed_fold(
     try:
         # One result's batch at a time, in the order the chain takes them: the
         # bytes read ahead are those of a single merge, however many results.
-        jobs = (([s.name for s in b], i) for b in plan for i in range(len(steps)))
+        jobs = ((parts, i) for parts in plan for i in range(len(steps)))
         with _Stage(write, depth=2) as writing, contextlib.closing(_prefetch(read, jobs)) as inputs:
-            for specs in plan:
-                names = [s.name for s in specs]
-                current: StateDict = {k: head[k] for k in names}
-                state_sub = _state_part(state, names)
+            for parts in plan:
+                current: StateDict = take(head, parts)
+                state_sub = _state_part(state, parts)
                 for i, step in enumerate(steps):
                     sub, base_sub = next(inputs)
                     t = time.perf_counter()  # merge time, not the wait for the read
@@ -242,7 +267,7 @@ def streamed_fold(
                             state=state_sub,
                             # The versions between are never whole: only the
                             # last step writes into the new version's buffers.
-                            out=None if out is None or i < last else {k: out[k] for k in names},
+                            out=None if out is None or i < last else take(out, parts),
                         )
                     except MergeError as exc:  # inputs the rule refuses: this result's
                         applied = f"cannot merge the result: {exc}"
@@ -253,10 +278,10 @@ def streamed_fold(
                     busy["merge"] += time.perf_counter() - t
                 if reason is not None:
                     break
-                weights.update(current)
+                _gather(weights, parts, current, out)
                 if new_state is not None and state_sub is not None:
-                    new_state.update(state_sub)
-                writing.put(current)
+                    _gather(new_state, parts, state_sub, None)
+                writing.put((parts, current))
         if reason is None and bound is not None:
             for i, total_sq in enumerate(norm_sq):
                 total = math.sqrt(total_sq)
@@ -294,14 +319,13 @@ def streamed_check(
         return reason
     bound = rule.settings.max_update_norm
     norm_sq = 0.0
-    for specs in batches(specs_of(head), batch_bytes):
-        names = [s.name for s in specs]
+    for parts in batches(specs_of(head), batch_bytes):
         try:
             with _unreadable():
-                sub = result.read(names)
+                sub = read_parts(result, parts)
         except Unreadable as exc:
             return str(exc)
-        head_sub = {k: head[k] for k in names}
+        head_sub = take(head, parts)
         reason = validate_result(head_sub, sub, None)
         if reason is not None:
             return reason
@@ -344,14 +368,33 @@ def _bounded(ref: StateDict, sub: StateDict) -> str | None:
     return validate_result(ref, sub, None)
 
 
-def _state_part(state: StateDict | None, names: list[str]) -> StateDict | None:
+def _state_part(state: StateDict | None, parts: list[Part]) -> StateDict | None:
     """The rule state's tensors of one batch (with the step count), or None."""
     if state is None:
         return None
-    part = {k: state[k] for k in names if k in state}
+    sub = {p.name: p.of(state[p.name]) for p in parts if p.name in state}
     if STEP_KEY in state:
-        part[STEP_KEY] = state[STEP_KEY]
-    return part
+        sub[STEP_KEY] = state[STEP_KEY]
+    return sub
+
+
+def _gather(into: StateDict, parts: list[Part], batch: StateDict, out: StateDict | None) -> None:
+    """A merged batch into the whole state: whole tensors as they are, rows into
+    their tensor (``out``'s when the rows were merged into it, else a new one
+    allocated at its first rows). Entries that are not parts (the step count)
+    are taken as they are."""
+    split = {p.name: p for p in parts if not p.whole}
+    for name, tensor in batch.items():
+        p = split.get(name)
+        if p is None:
+            into[name] = tensor
+            continue
+        whole = into.get(name)
+        if whole is None:
+            whole = into[name] = out[name] if out is not None else tensor.new_empty(p.spec.shape)
+        rows = p.of(whole)
+        if rows.data_ptr() != tensor.data_ptr():  # not merged in place (no out buffers)
+            rows.copy_(tensor)
 
 
 def _prefetch(
@@ -395,16 +438,16 @@ def _prefetch(
 _DONE = object()
 
 
-class _Stage:
+class _Stage(Generic[_T]):
     """A consumer thread fed through a bounded queue; errors surface at the next put or exit."""
 
-    def __init__(self, consume: Callable[[StateDict], None], depth: int) -> None:
+    def __init__(self, consume: Callable[[_T], None], depth: int) -> None:
         self._consume = consume
-        self._q: queue.Queue[StateDict | None] = queue.Queue(maxsize=depth)
+        self._q: queue.Queue[_T | None] = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="vcdl-merge-write", daemon=True)
 
-    def __enter__(self) -> _Stage:
+    def __enter__(self) -> _Stage[_T]:
         self._thread.start()
         return self
 
@@ -416,7 +459,7 @@ class _Stage:
                 except BaseException as exc:
                     self._error = exc
 
-    def put(self, item: StateDict) -> None:
+    def put(self, item: _T) -> None:
         if self._error is not None:
             raise self._error
         self._q.put(item)

@@ -429,7 +429,7 @@ class ReadTensor:
     name: str
     tensor: torch.Tensor
     data: memoryview  # the tensor's own memory as bytes
-    checksum: object
+    checksum: object  # None: rows of a tensor, hashed by the StateReader reading them in order
     array: str
     offset: int
 
@@ -645,14 +645,20 @@ def plan_read(
     uri: str,
     only: Sequence[str] | None = None,
     table: CheckedTable | None = None,
+    rows: tuple[int, int] | None = None,
 ) -> ReadPlan:
     """Validate a format 2 group's records (all of them), then allocate the memory of the
     tensors to read (``only`` those named, in that order, if given). ``table``: the
     records already checked (a :class:`~vcdl.store.streaming.StateReader` checks them
-    once, not at every batch)."""
+    once, not at every batch). ``rows``: only rows ``[start, stop)`` (of the first
+    dimension) of the one tensor named in ``only``; a part of a tensor has no checksum
+    of its own (its reader hashes the parts in order, see
+    :meth:`~vcdl.store.streaming.StateReader.read_rows`)."""
     if table is None:
         table = check_records(vcdl.get("tensors"), arrays_meta, uri)
     names = list(table.records) if only is None else list(only)
+    if rows is not None and len(names) != 1:
+        raise ValueError(f"rows of one tensor at a time, not of {len(names)}")
     tensors: list[ReadTensor] = []
     by_array: dict[str, list[tuple[int, memoryview, str]]] = {}
     for name in names:
@@ -660,11 +666,21 @@ def plan_read(
         if rec is None:
             raise StoreError(f"{uri} has no tensor {name!r}")
         layout = table.arrays[rec.array]
-        tensor = torch.empty(rec.shape, dtype=rec.dtype)
-        data = tensor.reshape(-1).view(torch.uint8).numpy().data if rec.numel else memoryview(b"")
-        tensors.append(ReadTensor(name, tensor, data, rec.checksum, rec.array, rec.offset))
-        if rec.numel:
-            by_array.setdefault(rec.array, []).append((rec.offset * layout.itemsize, data, name))
+        shape, offset = rec.shape, rec.offset
+        checksum: str | None = rec.checksum
+        if rows is not None:
+            start, stop = rows
+            if not rec.shape or not 0 <= start < stop <= rec.shape[0]:
+                raise IndexError(f"rows [{start}, {stop}) of {name!r} {list(rec.shape)}")
+            shape = (stop - start, *rec.shape[1:])
+            offset += start * math.prod(rec.shape[1:])
+            checksum = None
+        tensor = torch.empty(shape, dtype=rec.dtype)
+        numel = tensor.numel()
+        data = tensor.reshape(-1).view(torch.uint8).numpy().data if numel else memoryview(b"")
+        tensors.append(ReadTensor(name, tensor, data, checksum, rec.array, offset))
+        if numel:
+            by_array.setdefault(rec.array, []).append((offset * layout.itemsize, data, name))
     chunks: list[ChunkRead] = []
     for node, items in by_array.items():
         layout = table.arrays[node]
@@ -694,7 +710,7 @@ def _names_per_chunk(
 def verify(tensors: Sequence[ReadTensor], uri: str) -> None:
     """Raise IntegrityError naming the first tensor whose bytes miss their checksum."""
     for t in tensors:
-        if digest(t.data) != t.checksum:
+        if t.checksum is not None and digest(t.data) != t.checksum:
             raise IntegrityError(
                 f"{uri}: checksum mismatch in tensor {t.name!r} (array {t.array!r}, offset "
                 f"{t.offset}): stored bytes are corrupt"

@@ -18,6 +18,12 @@ batch of tensors at a time (:mod:`vcdl.driver.streamed`).
   :meth:`WeightStore.write_state` does. A writer that is aborted or dies
   leaves an orphan, never a torn group.
 
+A tensor larger than a batch goes in parts: :func:`batches` splits it into
+rows, :meth:`StateReader.read_rows` reads (and verifies, in order) rows of
+it, :meth:`StateWriter.write_rows` writes them. So a model whose one tensor
+is most of its bytes (a language model's token embedding) still streams a
+batch at a time.
+
 The writer keeps a reference to each tensor until the chunks holding its
 bytes are written (no copies): at most about one chunk per dtype beyond the
 tensors of the current call.
@@ -26,6 +32,7 @@ tensors of the current call.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -86,29 +93,86 @@ def meta_state(specs: Iterable[TensorSpec]) -> StateDict:
     return {s.name: torch.empty(s.shape, dtype=s.dtype, device="meta") for s in specs}
 
 
-def batches(specs: Sequence[TensorSpec], limit: int) -> list[list[TensorSpec]]:
-    """Consecutive specs grouped up to ``limit`` bytes; a larger tensor is a batch alone."""
-    out: list[list[TensorSpec]] = []
-    current: list[TensorSpec] = []
+@dataclass(frozen=True)
+class Part:
+    """A whole tensor of a batch, or rows ``[start, stop)`` of its first dimension."""
+
+    spec: TensorSpec
+    start: int = 0
+    stop: int | None = None
+    """None: the whole tensor."""
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def whole(self) -> bool:
+        return self.stop is None
+
+    def of(self, tensor: torch.Tensor) -> torch.Tensor:
+        """This part of ``tensor`` (the tensor itself, or a view of its rows)."""
+        return tensor if self.stop is None else tensor[self.start : self.stop]
+
+
+def batches(specs: Sequence[TensorSpec], limit: int) -> list[list[Part]]:
+    """Consecutive tensors grouped up to ``limit`` bytes, in the specs' order.
+
+    A tensor larger than ``limit`` is split into batches of its rows (each
+    one part alone, at most ``limit`` bytes unless one row is larger), so
+    that a model whose largest tensor is most of it (a language model's
+    token embedding) still streams in batches of ``limit``; a vector or a
+    scalar larger than ``limit`` is a batch alone, whole.
+    """
+    out: list[list[Part]] = []
+    current: list[Part] = []
     size = 0
     for s in specs:
+        if s.nbytes > limit and len(s.shape) >= 2 and s.shape[0] > 1:
+            if current:
+                out.append(current)
+                current, size = [], 0
+            rows = s.shape[0]
+            per = max(1, limit // (s.nbytes // rows))
+            out += [[Part(s, a, min(a + per, rows))] for a in range(0, rows, per)]
+            continue
         if current and size + s.nbytes > limit:
             out.append(current)
             current, size = [], 0
-        current.append(s)
+        current.append(Part(s))
         size += s.nbytes
     if current:
         out.append(current)
     return out
 
 
+def take(state: Mapping[str, torch.Tensor], parts: Sequence[Part]) -> StateDict:
+    """The parts of an in-memory state (views of its tensors' rows; no copies)."""
+    return {p.name: p.of(state[p.name]) for p in parts}
+
+
 class TensorSource(Protocol):
-    """What a streamed merge reads a state from: its specs, and any subset of its tensors."""
+    """What a streamed merge reads a state from: its specs, any subset of its tensors,
+    and a big tensor's rows (read in order, each tensor's rows once: see
+    :meth:`StateReader.read_rows`)."""
 
     @property
     def specs(self) -> list[TensorSpec]: ...
 
     def read(self, names: Iterable[str]) -> StateDict: ...
+
+    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor: ...
+
+
+def read_parts(source: TensorSource, parts: Sequence[Part]) -> StateDict:
+    """One batch of :func:`batches` from ``source``: its whole tensors, or rows of one."""
+    if len(parts) == 1 and not parts[0].whole:
+        p = parts[0]
+        assert p.stop is not None
+        return {p.name: source.read_rows(p.name, p.start, p.stop)}
+    if not all(p.whole for p in parts):
+        raise ValueError("rows of a tensor are a batch alone (see batches)")
+    return source.read([p.name for p in parts])
 
 
 class StateReader:
@@ -140,6 +204,8 @@ class StateReader:
         if attrs is not None and not isinstance(attrs, dict):
             raise IntegrityError(f"{self.uri}: the group's attrs are not a mapping")
         self.attrs: dict[str, Any] = dict(attrs or {})
+        # read_rows: per tensor being read in parts, the next row and the hash so far.
+        self._hashing: dict[str, tuple[int, Any]] = {}
 
     def checksum(self) -> str:
         """The group's content identity (:func:`~vcdl.store.layout.combined_checksum`)."""
@@ -158,6 +224,60 @@ class StateReader:
             "reading",
             self.uri,
         )
+
+    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows ``[start, stop)`` of tensor ``name``; only the chunks that hold them are read.
+
+        A tensor's checksum covers all its bytes, so its rows are verified
+        as they come, in order: the read of row 0 starts a hash, each read
+        continues it from where the last one stopped, and the read of the
+        last row compares it (:class:`IntegrityError` on a mismatch). The
+        rows before the last are handed out before that comparison: a
+        streamed merge that gets an error at the last rows drops what it
+        made. Rows out of that order cannot be verified and are refused
+        (``RuntimeError``: a caller's bug), unless ``verify`` is off.
+        """
+        rec = self._table.records.get(name)
+        if rec is None:
+            raise StoreError(f"{self.uri} has no tensor {name!r}")
+        if not rec.shape or not 0 <= start < stop <= rec.shape[0]:
+            raise IndexError(f"rows [{start}, {stop}) of {name!r} {list(rec.shape)}")
+        hasher = None
+        if self.verify:
+            if start == 0:
+                hasher = hashlib.sha256()
+            else:
+                at, hasher = self._hashing.get(name, (0, None))
+                if at != start or hasher is None:
+                    raise RuntimeError(
+                        f"{self.uri}: rows of {name!r} read out of order (from {start}, "
+                        f"expected {at}); they could not be verified"
+                    )
+        got = self._store._run(
+            self._store._read(
+                self._rel,
+                self.uri,
+                self.verify,
+                doc=self._doc,
+                only=[name],
+                table=self._table,
+                rows=(start, stop),
+            ),
+            "reading",
+            self.uri,
+        )[name]
+        if hasher is not None:
+            hasher.update(got.reshape(-1).view(torch.uint8).numpy().data)
+            if stop < rec.shape[0]:
+                self._hashing[name] = (stop, hasher)
+            else:
+                self._hashing.pop(name, None)
+                if hasher.hexdigest() != rec.checksum:
+                    raise IntegrityError(
+                        f"{self.uri}: checksum mismatch in tensor {name!r} (array "
+                        f"{rec.array!r}, offset {rec.offset}): stored bytes are corrupt"
+                    )
+        return got
 
 
 @dataclass
@@ -188,6 +308,8 @@ class StateWriter:
         self._next = 0
         self._checksums: list[str] = []
         self._keep: list[Any] = []  # arrays whose memory the pending pieces view
+        self._rows = 0  # write_rows: rows of the next tensor written so far
+        self._hasher: Any = None  # and their hash so far
         self._done = False
         lengths: dict[str, int] = {}
         stored: dict[str, np.dtype] = {}
@@ -243,6 +365,11 @@ class StateWriter:
         if self._done:
             raise StoreError(f"writing {self.uri}: the writer is closed")
         for name, tensor in tensors.items():
+            if self._rows:
+                raise StoreError(
+                    f"writing {self.uri}: tensor {self._specs[self._next].name!r} is written "
+                    f"up to row {self._rows}; its other rows come first, not {name!r}"
+                )
             if self._next >= len(self._specs):
                 raise StoreError(f"writing {self.uri}: more tensors than announced ({name!r})")
             spec, packed = self._specs[self._next], self._packed[self._next]
@@ -260,6 +387,47 @@ class StateWriter:
                 self._keep.append(array)
                 a.pieces.append((packed.offset * a.layout.itemsize, data))
                 a.filled += data.nbytes
+        self._flush(final=False)
+
+    def write_rows(self, name: str, rows: torch.Tensor) -> None:
+        """The next rows (of the first dimension) of the state's next tensor, ``name``.
+
+        A tensor may come in several calls of its rows, in order; it is
+        hashed as they come, its checksum complete with its last row.
+        """
+        if self._done:
+            raise StoreError(f"writing {self.uri}: the writer is closed")
+        if self._next >= len(self._specs):
+            raise StoreError(f"writing {self.uri}: more tensors than announced ({name!r})")
+        spec, packed = self._specs[self._next], self._packed[self._next]
+        if (
+            name != spec.name
+            or rows.dtype != spec.dtype
+            or not spec.shape
+            or tuple(rows.shape[1:]) != spec.shape[1:]
+            or rows.dim() != len(spec.shape)
+            or self._rows + rows.shape[0] > spec.shape[0]
+        ):
+            raise StoreError(
+                f"writing {self.uri}: expected rows {self._rows}.. of tensor {spec.name!r} "
+                f"{spec.dtype} {list(spec.shape)}, got {name!r} {rows.dtype} {list(rows.shape)}"
+            )
+        if self._rows == 0:
+            self._hasher = hashlib.sha256()
+        array = _bytes_of(name, rows, self.uri)
+        data = array.reshape(-1).view(np.uint8).data
+        self._hasher.update(data)
+        if data.nbytes:
+            a = self._arrays[packed.array]
+            at = (packed.offset + self._rows * math.prod(spec.shape[1:])) * a.layout.itemsize
+            self._keep.append(array)
+            a.pieces.append((at, data))
+            a.filled += data.nbytes
+        self._rows += rows.shape[0]
+        if self._rows == spec.shape[0]:
+            self._checksums.append(self._hasher.hexdigest())
+            self._next += 1
+            self._rows = 0
         self._flush(final=False)
 
     def _flush(self, final: bool) -> None:
@@ -313,6 +481,8 @@ class StateWriter:
             raise StoreError(f"writing {self.uri}: the writer is closed")
         if self._next != len(self._specs):
             missing = [s.name for s in self._specs[self._next :]][:3]
+            if self._rows:
+                missing[0] += f" (rows {self._rows}.. of {self._specs[self._next].shape[0]})"
             raise StoreError(f"writing {self.uri}: tensors never written: {missing}")
         self._flush(final=True)
         self._done = True

@@ -333,9 +333,10 @@ class WeightStore:
         only: Sequence[str] | None = None,
         expect: str | None = None,
         table: CheckedTable | None = None,
+        rows: tuple[int, int] | None = None,
     ) -> StateDict:
-        # ``doc`` and ``only``: a StateReader's group document and the names
-        # of the tensors it wants (streaming.py).
+        # ``doc``, ``only`` and ``rows``: a StateReader's group document, the
+        # names of the tensors it wants, or rows of one (streaming.py).
         group = doc if doc is not None else await self._complete_doc(rel, uri)
         vcdl = group["attributes"][ATTR]
         if expect is not None:
@@ -343,7 +344,7 @@ class WeightStore:
         if vcdl.get("format") == 1:
             return await read_v1(self._reader, self._url, rel, uri, group, verify, _concurrency())
         meta = consolidated_of(group, uri)
-        plan = await asyncio.to_thread(plan_read, vcdl, meta, uri, only, table)
+        plan = await asyncio.to_thread(plan_read, vcdl, meta, uri, only, table, rows)
         if isinstance(self._reader, LocalStore):
             root = os.path.join(self._url, rel)
             await _in_threads(
