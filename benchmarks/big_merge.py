@@ -11,8 +11,9 @@ a model):
 
 * ``streamed`` -- what the assimilator does (``vcdl.driver.streamed``): the
   head in memory (the driver's HeadCache), the result read 64 MiB of tensors
-  at a time while earlier batches are merged into the spare buffers and
-  written, the three stages overlapped;
+  at a time (a larger tensor, such as ``--embedding-rows``', in rows) while
+  earlier batches are merged into the spare buffers and written, the three
+  stages overlapped;
 * ``whole`` -- the assimilator before: ``read_state`` of the whole result,
   the rule's merge into the spare buffers, ``write_state``;
 * ``serial`` and ``folded`` -- ``--fold`` results (k, default 4) merged in

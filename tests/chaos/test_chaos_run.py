@@ -10,7 +10,6 @@ notices, and the accuracy must be within 1.5 points of the fault-free run.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.driverwait import wait_for_run
+from tests.procs import kill_group
 from vcdl import api
 from vcdl.config import load_config
 from vcdl.driver.retrain import pick_version
@@ -71,8 +71,7 @@ def _events(log: Path) -> dict[str, int]:
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:
     """Kill whatever the killed driver left behind (its LocalCluster's workers)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    kill_group(proc.pid)
 
 
 def test_chaos_run_matches_fault_free(prefect_api: None, tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import kill_group
 from vcdl.ledger import Ledger
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.alone]
@@ -93,8 +93,7 @@ def test_a_console_nobody_reads_does_not_stall_the_run(
         code = proc.wait(120)
         reader.join(10)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_group(proc.pid)
     text = b"".join(output).decode(errors="replace")
     assert state == "completed", f"run state {state!r} with the console unread:\n{text[-3000:]}"
     assert code == 0, text[-3000:]

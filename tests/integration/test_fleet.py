@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -39,6 +38,7 @@ import numpy as np
 import pytest
 
 from tests.ports import free_port
+from tests.procs import kill_group
 from tests.s3fixture import S3_KEY, S3_SECRET, make_bucket
 
 # Under `pytest -n 2` this runs with no other test beside it (tests/lanes.py):
@@ -124,8 +124,7 @@ class Fleet:
 
     @staticmethod
     def kill(proc: subprocess.Popen[bytes]) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_group(proc.pid)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(30)
 

@@ -36,6 +36,7 @@ import psutil
 import pytest
 
 from tests.driverwait import wait_for_run
+from tests.procs import kill_group
 from vcdl.ledger import Ledger, Run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,8 +70,7 @@ def _tail(path: Path) -> str:
 
 def _reap(group: int, processes: list[psutil.Process]) -> None:
     """Whatever a failed test left: the driver's process group, and processes outside it."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(group, signal.SIGKILL)
+    kill_group(group)
     for p in processes:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()

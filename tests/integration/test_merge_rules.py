@@ -10,7 +10,6 @@ SIGKILLed mid-run and resumed, after which every merge has fed the momentum.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -21,6 +20,7 @@ import pytest
 import torch
 
 from tests.driverwait import wait_for_run
+from tests.procs import kill_group
 from vcdl import api
 from vcdl.config import RunConfig, parse_config
 from vcdl.driver.assimilator import merge_attempt
@@ -153,8 +153,7 @@ def test_diloco_momentum_survives_a_killed_driver(prefect_api_url: str, tmp_path
         driver.send_signal(signal.SIGKILL)  # mid-run, no cleanup
         driver.wait(30)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(driver.pid, signal.SIGKILL)
+        kill_group(driver.pid)
     killed_at = Ledger(ledger_url).get_run("dl-kill").head_version
     assert killed_at < 12, "the driver finished before it was killed"
 

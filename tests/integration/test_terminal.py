@@ -7,12 +7,10 @@ cluster's start.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import re
 import select
-import signal
 import struct
 import subprocess
 import sys
@@ -21,6 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.procs import kill_group
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.alone]
 
@@ -88,8 +88,7 @@ def _in_a_terminal(argv: list[str], env: dict[str, str], timeout: float) -> tupl
                 break
         code = proc.wait(30)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_group(proc.pid)
         os.close(master)
     return code, bytes(out)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.ports import free_port
+from tests.procs import kill_group
 from vcdl import api
 from vcdl.errors import ModelError
 
@@ -160,8 +160,7 @@ def dask_cluster(tmp_path: Path, **worker_env: str) -> Iterator[str]:
         yield address
     finally:
         for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
+            kill_group(p.pid)
             p.wait(30)
         for log in logs:
             log.close()

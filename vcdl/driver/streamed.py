@@ -8,7 +8,9 @@ batch: every rule is elementwise, so a batch merges exactly as it would
 within the whole state, bit for bit), and the new version is written as the
 batches come out. Three stages overlap, each in its own thread: reading and
 verifying batch k + 1, merging batch k, writing and hashing batch k − 1; the
-bytes in flight are a few batches.
+bytes in flight are a few batches. A tensor larger than a batch goes in
+batches of its rows (:func:`~vcdl.store.streaming.batches`), so a model
+whose one tensor is most of it (a token embedding) is no exception.
 
 The driver's memory is then the head it keeps (:class:`HeadCache`), the
 buffers the new version is merged into (which become the next head), and a
