@@ -2,8 +2,8 @@
 
 ``overhead.py`` and ``time_to_accuracy.py`` have tests of their own; these
 run ``weights_io.py``, ``ledger.py``, ``allocator.py``, ``task_engine.py``,
-``rules.py``, ``fleet.py``, ``big_merge.py`` and ``scale.py`` (with
-``scale_data.py``) with ``--quick`` in a subprocess and check the one-line
+``rules.py``, ``fleet.py``, ``big_merge.py``, ``scale.py`` (with
+``scale_data.py``) and ``soak.py`` with ``--quick`` in a subprocess and check the one-line
 JSON summary each ends with. Timings are not asserted (a shared CI machine), only what a run must
 always show; the allocator's page faults per training step are not a timing
 and are asserted.
@@ -167,3 +167,14 @@ def test_scale_quick(prefect_api_url: str) -> None:
     assert ratio["rows/2"] >= 1.99
     assert ratio["blocks/2"] <= 1.25 and ratio["blocks/4"] <= 1.5
     assert d["memory_above_gb"] <= 0.5 and d["memory_met"]
+
+
+def test_soak_quick(prefect_api_url: str) -> None:
+    # One short run under kills, its driver killed and resumed, audited deep.
+    res = _run("soak.py", api_url=prefect_api_url)
+    assert res["benchmark"] == "soak" and res["failed_seeds"] == []
+    (run,) = res["runs"]
+    assert run["state"] == "completed" and run["exit_code"] == 0
+    assert run["driver_killed"] and run["epochs_completed"] == 2
+    assert run["kills"] >= 1, run
+    assert run["audit_problems"] == [] and run["orphans_left"] == []
