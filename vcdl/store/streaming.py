@@ -27,6 +27,10 @@ batch at a time.
 The writer keeps a reference to each tensor until the chunks holding its
 bytes are written (no copies): at most about one chunk per dtype beyond the
 tensors of the current call.
+
+Longer than ~500 lines on purpose: the reader, the writer and the batch plan
+are the two ends of one streamed format and the plan they both follow; apart,
+each would have to know the others' row and order rules.
 """
 
 from __future__ import annotations
