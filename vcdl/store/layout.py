@@ -711,10 +711,15 @@ def verify(tensors: Sequence[ReadTensor], uri: str) -> None:
     """Raise IntegrityError naming the first tensor whose bytes miss their checksum."""
     for t in tensors:
         if t.checksum is not None and digest(t.data) != t.checksum:
-            raise IntegrityError(
-                f"{uri}: checksum mismatch in tensor {t.name!r} (array {t.array!r}, offset "
-                f"{t.offset}): stored bytes are corrupt"
-            )
+            raise corrupt(uri, t.name, t.array, t.offset)
+
+
+def corrupt(uri: str, name: str, array: str, offset: int) -> IntegrityError:
+    """The error for a tensor whose stored bytes miss their checksum."""
+    return IntegrityError(
+        f"{uri}: checksum mismatch in tensor {name!r} (array {array!r}, offset "
+        f"{offset}): stored bytes are corrupt"
+    )
 
 
 # -------------------------------------------------------------- group docs

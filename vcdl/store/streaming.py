@@ -63,6 +63,7 @@ from vcdl.store.layout import (
     check_records,
     combined_checksum,
     consolidated_of,
+    corrupt,
     digest,
     is_state_doc,
     json_attrs,
@@ -277,10 +278,7 @@ class StateReader:
             else:
                 self._hashing.pop(name, None)
                 if hasher.hexdigest() != rec.checksum:
-                    raise IntegrityError(
-                        f"{self.uri}: checksum mismatch in tensor {name!r} (array "
-                        f"{rec.array!r}, offset {rec.offset}): stored bytes are corrupt"
-                    )
+                    raise corrupt(self.uri, name, rec.array, rec.offset)
         return got
 
 
