@@ -43,14 +43,17 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "mnist1d.toml"
 QUICK_SETS = [
     "run.epochs=2",
-    # Epochs of ~9 s here: the simulator's first event comes 5 s into a run
-    # part, and shorter epochs (4 s) ended before any landed.
+    # Epochs of a few seconds, and the simulator's first event 1 s into each
+    # run part (QUICK_PREEMPT_START, not the default 5 s), so that the first
+    # part, up to the driver's kill, takes several events (3 here, 2026-11-28).
+    # The resumed part's one epoch (~1.5 s) mostly ends before its first.
     "data.samples=16000",
     "data.shards=8",
     "merge.fold=4",
     "train.local_epochs=4",
     "fault.checkpoint_seconds=0.1",
 ]
+QUICK_PREEMPT_START = 1.0
 
 
 def _vcdl(home: Path, *args: str) -> subprocess.Popen[bytes]:
@@ -82,7 +85,13 @@ def _epochs_done(home: Path, run: str) -> int:
 
 
 def soak_run(
-    config: Path, sets: list[str], home: Path, seed: int, rate: float, kill_after: int | None
+    config: Path,
+    sets: list[str],
+    home: Path,
+    seed: int,
+    rate: float,
+    kill_after: int | None,
+    preempt_start: float = 5.0,
 ) -> dict[str, Any]:
     """One run under chaos (its driver killed once ``kill_after`` epochs are done, if set)."""
     from vcdl import api
@@ -92,6 +101,7 @@ def soak_run(
     home.mkdir(parents=True, exist_ok=True)
     log = home / "chaos.jsonl"
     chaos = ["--preempt", str(rate), "--preempt-notices", "0.3", "--preempt-grace", "2"]
+    chaos += ["--preempt-start", str(preempt_start)]
     chaos += ["--preempt-seed", str(seed), "--preempt-log", str(log)]
     overrides = [x for s in [*sets, f"run.seed={seed}"] for x in ("--set", s)]
     start = time.monotonic()
@@ -171,15 +181,27 @@ def main() -> int:
         help="kill the driver in every n-th run (0: never), then resume it",
     )
     p.add_argument("--kill-driver-after", type=int, default=2, help="epochs completed first")
+    p.add_argument(
+        "--preempt-start",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="seconds from each run part's start to its first event",
+    )
     p.add_argument("--seed", type=int, default=1, help="the first run's seed (one more per run)")
     p.add_argument("--home", type=Path, help="keep the runs' homes here (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="only the JSON line")
-    p.add_argument("--quick", action="store_true", help="CI: " + " ".join(QUICK_SETS))
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"CI: {' '.join(QUICK_SETS)}, --preempt-start {QUICK_PREEMPT_START:g}",
+    )
     args = p.parse_args()
     sets, runs, every = list(args.set), args.runs, args.kill_driver_every
-    after = args.kill_driver_after
+    after, preempt_start = args.kill_driver_after, args.preempt_start
     if args.quick:
         sets, runs, every, after = QUICK_SETS + sets, 1, 1, 1
+        preempt_start = QUICK_PREEMPT_START
     if runs < 1:
         p.error(f"--runs must be at least 1, got {runs}")
     if not args.config.is_file():
@@ -193,7 +215,9 @@ def main() -> int:
         for i in range(runs):
             seed = args.seed + i
             kill = after if every and (i + 1) % every == 0 else None
-            run = soak_run(args.config, sets, root / f"run-{seed}", seed, args.preempt, kill)
+            run = soak_run(
+                args.config, sets, root / f"run-{seed}", seed, args.preempt, kill, preempt_start
+            )
             run["problems"] = problems_of(run, epochs)
             results.append(run)
             if not args.json:

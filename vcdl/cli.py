@@ -80,6 +80,13 @@ def _parser() -> argparse.ArgumentParser:
     chaos_opts.add_argument("--preempt-notices", type=float, default=0.25, metavar="FRACTION")
     chaos_opts.add_argument("--preempt-grace", type=float, default=2.0, metavar="SECONDS")
     chaos_opts.add_argument("--preempt-seed", type=int, default=0)
+    chaos_opts.add_argument(
+        "--preempt-start",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="seconds from the run's start to the first event (default 5)",
+    )
     chaos_opts.add_argument("--preempt-log", help="JSON-lines file of every event")
     t = sub.add_parser(
         "train",
@@ -280,9 +287,10 @@ def _check_chaos(
     notices: tuple[str, float],
     grace: tuple[str, float],
     duration: tuple[str, float] | None = None,
+    start: tuple[str, float] | None = None,
 ) -> None:
     """Simulator options, each (flag, value), in range, or one line naming the flag."""
-    from vcdl.chaos import MAX_GRACE, MAX_RATE
+    from vcdl.chaos import MAX_GRACE, MAX_RATE, MAX_START
 
     checks = [
         (*rate, 0.0, MAX_RATE, "events per second"),
@@ -291,9 +299,25 @@ def _check_chaos(
     ]
     if duration is not None:
         checks.append((*duration, 1e-3, 7 * 86400.0, "seconds"))
+    if start is not None:
+        checks.append((*start, 0.0, MAX_START, "seconds"))
     for flag, value, low, high, what in checks:
         if not (math.isfinite(value) and low <= value <= high):
             raise ConfigError(f"{flag} must be {what} from {low:g} to {high:g} (got {value:g})")
+
+
+def chaos_of(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The preemption simulator a ``train``/``resume`` asks for (flows.train.ChaosSpec), or None."""
+    if args.preempt <= 0:
+        return None
+    return {
+        "rate": args.preempt,
+        "notice_fraction": args.preempt_notices,
+        "grace": args.preempt_grace,
+        "seed": args.preempt_seed,
+        "start_after": args.preempt_start,
+        "log": args.preempt_log,
+    }
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -303,6 +327,7 @@ def _train(args: argparse.Namespace) -> int:
         ("--preempt", args.preempt),
         ("--preempt-notices", args.preempt_notices),
         ("--preempt-grace", args.preempt_grace),
+        start=("--preempt-start", args.preempt_start),
     )
     home = resolve_home(args.home)
     # Checked (a port in use, too) with the rest of the config, before anything is written.
@@ -332,16 +357,7 @@ def _train(args: argparse.Namespace) -> int:
         f"'{cfg.data.name}', model {cfg.model.factory}, on {where}; state in {home}",
         file=sys.stderr,
     )
-    chaos = None
-    if args.preempt > 0:
-        chaos = {
-            "rate": args.preempt,
-            "notice_fraction": args.preempt_notices,
-            "grace": args.preempt_grace,
-            "seed": args.preempt_seed,
-            "log": args.preempt_log,
-        }
-    summary = _run_with_display(cfg, home, chaos, args.verbose, args.command)
+    summary = _run_with_display(cfg, home, chaos_of(args), args.verbose, args.command)
     _print_summary(summary, args.json)
     if not args.json:
         _print_baseline(cfg, summary)

@@ -223,6 +223,7 @@ def test_bad_imports_exit_2_and_write_nothing(
         ("--preempt-notices", "2", "--preempt-notices must be a fraction"),
         ("--preempt", "nan", "--preempt must be events per second"),
         ("--preempt-grace", "-1", "--preempt-grace must be seconds"),
+        ("--preempt-start", "inf", "--preempt-start must be seconds"),
     ],
 )
 def test_preemption_options_out_of_range_fail_before_the_run(

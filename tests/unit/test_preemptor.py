@@ -21,3 +21,20 @@ def test_a_restarted_worker_may_be_noticed_again() -> None:
     pre = Preemptor("tcp://127.0.0.1:1", [], seed=3)
     pre._noticed.add(101)
     assert pre.pick({"tcp://a:1": 201}, "notice") == "tcp://a:1"
+
+
+def test_preempt_start_reaches_the_simulator_schedule() -> None:
+    """`vcdl train --preempt-start S`: a short run sees its first event S seconds in."""
+    from flows.train import ChaosSpec
+    from vcdl.chaos import chaos_schedule
+    from vcdl.cli import _parser, chaos_of
+
+    args = _parser().parse_args(["train", "x.toml", "--preempt", "2", "--preempt-start", "0.5"])
+    spec = ChaosSpec.model_validate(chaos_of(args))
+    assert spec.start_after == 0.5
+    events = chaos_schedule(spec.rate, 60, spec.seed, spec.notice_fraction, spec.start_after)
+    assert events and events[0].at >= 0.5
+    # Without the option the default holds; without --preempt there is no simulator.
+    default = _parser().parse_args(["train", "x.toml", "--preempt", "2"])
+    assert ChaosSpec.model_validate(chaos_of(default)).start_after == 5.0
+    assert chaos_of(_parser().parse_args(["train", "x.toml"])) is None
