@@ -27,17 +27,20 @@ soak fail (exit 1): the figures are printed first. One JSON line ends it.
 from __future__ import annotations
 
 import argparse
-import collections
-import contextlib
 import json
-import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+if __package__ in (None, ""):
+    # Run as a script (python benchmarks/soak.py): its siblings are imported
+    # as the `benchmarks` package, as the tests import them.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.cli_proc import reap, start_vcdl
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "mnist1d.toml"
@@ -54,26 +57,6 @@ QUICK_SETS = [
     "fault.checkpoint_seconds=0.1",
 ]
 QUICK_PREEMPT_START = 1.0
-
-
-def _vcdl(home: Path, *args: str) -> subprocess.Popen[bytes]:
-    """The CLI as a user runs it, its output in ``home/<command>.log`` (a file, never a
-    pipe nobody reads), in its own process group so its cluster can be reaped."""
-    env = dict(os.environ, PREFECT_HOME=str(home / "prefect"), VCDL_HOME=str(home))
-    with open(home / f"{args[0]}.log", "ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "vcdl.cli", *args, "--home", str(home)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
-def _reap(proc: subprocess.Popen[bytes]) -> None:
-    """Whatever a driver left behind (its LocalCluster's workers)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _epochs_done(home: Path, run: str) -> int:
@@ -95,6 +78,7 @@ def soak_run(
 ) -> dict[str, Any]:
     """One run under chaos (its driver killed once ``kill_after`` epochs are done, if set)."""
     from vcdl import api
+    from vcdl.chaos import sent_counts
     from vcdl.driver.runs import clean_orphans
     from vcdl.views.audit import audit_run
 
@@ -105,7 +89,7 @@ def soak_run(
     chaos += ["--preempt-seed", str(seed), "--preempt-log", str(log)]
     overrides = [x for s in [*sets, f"run.seed={seed}"] for x in ("--set", s)]
     start = time.monotonic()
-    driver = _vcdl(home, "train", str(config), "--run", "soak", *overrides, *chaos)
+    driver = start_vcdl(home, "train", str(config), "--run", "soak", *overrides, *chaos)
     killed = False
     try:
         if kill_after is not None:
@@ -118,24 +102,19 @@ def soak_run(
         else:
             driver.wait(3600)
     finally:
-        _reap(driver)
+        reap(driver)
     code = driver.returncode
     if killed:
         chaos[chaos.index("--preempt-seed") + 1] = str(seed + 1000)  # a schedule of its own
-        resumed = _vcdl(home, "resume", "soak", *chaos)
+        resumed = start_vcdl(home, "resume", "soak", *chaos)
         try:
             code = resumed.wait(3600)
         finally:
-            _reap(resumed)
+            reap(resumed)
     status = api.status("soak", home=home)
     ref = api.run_ref("soak", home=home)
     versions = ref.ledger().versions("soak")
-    sent: collections.Counter[str] = collections.Counter()
-    if log.exists():
-        for line in log.read_text().splitlines():
-            event = json.loads(line)
-            if event.get("outcome") == "sent":
-                sent[event["kind"]] += 1
+    sent = sent_counts(log)
     return {
         "seed": seed,
         "driver_killed": killed,

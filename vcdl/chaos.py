@@ -92,6 +92,18 @@ def chaos_schedule(
         events.append(ChaosEvent(round(t, 3), kind))
 
 
+def sent_counts(log_path: str | Path) -> dict[str, int]:
+    """Kills and notices a simulator's JSON-lines log (``--preempt-log``) says were sent."""
+    counts = {"kill": 0, "notice": 0}
+    path = Path(log_path)
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            if record.get("outcome") == "sent":
+                counts[record["kind"]] += 1
+    return counts
+
+
 def _signal_self(signum: int) -> int:
     """Runs inside the worker: send ``signum`` to this very process."""
     pid = os.getpid()

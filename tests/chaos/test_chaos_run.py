@@ -11,17 +11,15 @@ notices, and the accuracy must be within 1.5 points of the fault-free run.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks.cli_proc import log_tail, reap, start_vcdl
 from tests.driverwait import wait_for_run
-from tests.procs import kill_group
 from vcdl import api
+from vcdl.chaos import sent_counts
 from vcdl.config import load_config
 from vcdl.driver.retrain import pick_version
 from vcdl.driver.runs import clean_orphans
@@ -33,45 +31,6 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "mnist1d.toml"
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(1800), pytest.mark.alone]
-
-
-def _vcdl(home: Path, *args: str) -> subprocess.Popen[bytes]:
-    """Start the CLI with its output in ``home/<command>.log``.
-
-    A file, not a pipe: nobody reads a pipe while the driver runs, and once
-    its 64 KiB filled (every worker restart is logged) the driver's Dask IO
-    loop blocked in a console write and the run stalled (seen in CI).
-    """
-    env = dict(os.environ, PREFECT_HOME=str(home / "prefect"), VCDL_HOME=str(home))
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / f"{args[0]}.log", "ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "vcdl.cli", *args, "--home", str(home)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # so the test can reap a killed driver's workers
-        )
-
-
-def _tail(home: Path, command: str) -> str:
-    log = home / f"{command}.log"
-    return log.read_text(errors="replace")[-3000:] if log.exists() else ""
-
-
-def _events(log: Path) -> dict[str, int]:
-    counts = {"kill": 0, "notice": 0}
-    if log.exists():
-        for line in log.read_text().splitlines():
-            rec = json.loads(line)
-            if rec["outcome"] == "sent":
-                counts[rec["kind"]] += 1
-    return counts
-
-
-def _reap(proc: subprocess.Popen[bytes]) -> None:
-    """Kill whatever the killed driver left behind (its LocalCluster's workers)."""
-    kill_group(proc.pid)
 
 
 def test_chaos_run_matches_fault_free(prefect_api: None, tmp_path: Path) -> None:
@@ -95,7 +54,7 @@ def test_chaos_run_matches_fault_free(prefect_api: None, tmp_path: Path) -> None
     # ~0.15 s; at one every ~3 s, 9 once; at one every ~2 s, 9 kills and 5
     # notices once the workers' allocator was tuned (~28 s of chaos).
     chaos = ["--preempt", "1.0", "--preempt-notices", "0.3", "--preempt-grace", "2"]
-    driver = _vcdl(
+    driver = start_vcdl(
         home,
         "train",
         str(EXAMPLE),
@@ -114,24 +73,24 @@ def test_chaos_run_matches_fault_free(prefect_api: None, tmp_path: Path) -> None
             "chaos",
             lambda run: run.epochs_completed >= 4,
             timeout=900,
-            tail=lambda: _tail(home, "train"),
+            tail=lambda: log_tail(home, "train"),
             poll=1,
         )
         driver.send_signal(signal.SIGKILL)  # the driver dies mid-run, no cleanup
         driver.wait(30)
     finally:
-        _reap(driver)
+        reap(driver)
     killed_at = Ledger(ledger_url).get_run("chaos")
     assert killed_at.state == "running"  # nobody got to record an ending
 
-    resumed = _vcdl(
+    resumed = start_vcdl(
         home, "resume", "chaos", *chaos, "--preempt-seed", "7", "--preempt-log", str(log)
     )
     try:
         resumed.wait(timeout=900)
     finally:
-        _reap(resumed)
-    text = _tail(home, "resume")
+        reap(resumed)
+    text = log_tail(home, "resume")
     print(text)
     assert resumed.returncode == 0, text
     # The preemption simulator's Dask client closes before the cluster: one
@@ -145,7 +104,7 @@ def test_chaos_run_matches_fault_free(prefect_api: None, tmp_path: Path) -> None
     assert client_errors == [], text
 
     status = api.status("chaos", home=home)
-    counts = _events(log)
+    counts = sent_counts(log)
     print(
         "chaos events:",
         counts,

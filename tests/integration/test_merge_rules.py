@@ -10,17 +10,14 @@ SIGKILLed mid-run and resumed, after which every merge has fed the momentum.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from benchmarks.cli_proc import log_tail, reap, start_vcdl
 from tests.driverwait import wait_for_run
-from tests.procs import kill_group
 from vcdl import api
 from vcdl.config import RunConfig, parse_config
 from vcdl.driver.assimilator import merge_attempt
@@ -108,24 +105,6 @@ def test_each_rule_trains_a_two_epoch_run(prefect_api: None, tmp_path: Path, rul
         assert int(rule_state(ref)[STEP_KEY]) == 8
 
 
-def _cli(home: Path, api_url: str, *args: str) -> subprocess.Popen[bytes]:
-    env = dict(
-        os.environ,
-        PREFECT_HOME=str(home / "prefect"),
-        VCDL_HOME=str(home),
-        PREFECT_API_URL=api_url,
-    )
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / f"{args[0]}.log", "ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "vcdl.cli", *args, "--home", str(home)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # so the killed driver's workers can be reaped
-        )
-
-
 @pytest.mark.slow
 @pytest.mark.chaos
 def test_diloco_momentum_survives_a_killed_driver(prefect_api_url: str, tmp_path: Path) -> None:
@@ -138,7 +117,7 @@ def test_diloco_momentum_survives_a_killed_driver(prefect_api_url: str, tmp_path
         "[train]\nlr = 1e-2\nbatch_size = 50\nlocal_epochs = 3\n"
         '[merge]\nrule = "diloco"\nalpha = 0.5\n'
     )
-    driver = _cli(home, prefect_api_url, "train", str(cfg_path))
+    driver = start_vcdl(home, "train", str(cfg_path), env={"PREFECT_API_URL": prefect_api_url})
     ledger_url = f"sqlite:///{home / 'ledger.db'}"
     try:
         wait_for_run(
@@ -147,13 +126,13 @@ def test_diloco_momentum_survives_a_killed_driver(prefect_api_url: str, tmp_path
             "dl-kill",
             lambda run: 5 <= run.head_version < 12,
             timeout=300,
-            tail=lambda: (home / "train.log").read_text()[-3000:],
+            tail=lambda: log_tail(home, "train"),
             poll=0.2,
         )
         driver.send_signal(signal.SIGKILL)  # mid-run, no cleanup
         driver.wait(30)
     finally:
-        kill_group(driver.pid)
+        reap(driver)
     killed_at = Ledger(ledger_url).get_run("dl-kill").head_version
     assert killed_at < 12, "the driver finished before it was killed"
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from vcdl.chaos import Preemptor
 
 
@@ -38,3 +41,19 @@ def test_preempt_start_reaches_the_simulator_schedule() -> None:
     default = _parser().parse_args(["train", "x.toml", "--preempt", "2"])
     assert ChaosSpec.model_validate(chaos_of(default)).start_after == 5.0
     assert chaos_of(_parser().parse_args(["train", "x.toml"])) is None
+
+
+def test_sent_counts_reads_what_a_simulator_log_says_was_sent(tmp_path: Path) -> None:
+    from vcdl.chaos import sent_counts
+
+    log = tmp_path / "chaos.jsonl"
+    assert sent_counts(log) == {"kill": 0, "notice": 0}  # no log yet: nothing sent
+    records = [
+        {"kind": "kill", "outcome": "sent"},
+        {"kind": "kill", "outcome": "skipped: no worker"},
+        {"kind": "notice", "outcome": "sent"},
+        {"kind": "kill", "outcome": "sent"},
+        {"kind": "notice", "outcome": "failed: gone"},
+    ]
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert sent_counts(log) == {"kill": 2, "notice": 1}

@@ -1,0 +1,53 @@
+"""The ``vcdl`` CLI in a process of its own, as a user starts it, for the runs that kill it.
+
+The soak (``soak.py``) and the chaos and driver-kill tests start ``vcdl train``
+and ``vcdl resume`` as separate processes, SIGKILL the driver mid-run, and
+must then clean up the Dask cluster it started. Two things matter, and were
+each learnt from a stalled run:
+
+* the process's output goes to a file, ``home/<command>.log``, never to a
+  pipe: nobody reads a pipe while the driver runs, and once its 64 KiB
+  filled (every worker restart is logged) the driver's Dask IO loop blocked
+  in a console write and the run stalled (seen in CI);
+* it runs in a session (process group) of its own, so that :func:`reap`
+  can kill the cluster a killed driver leaves behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+__all__ = ["log_tail", "reap", "start_vcdl"]
+
+
+def start_vcdl(
+    home: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``vcdl ARGS --home HOME`` with its own Prefect home under ``home`` (``env`` added)."""
+    home.mkdir(parents=True, exist_ok=True)
+    full = dict(os.environ, PREFECT_HOME=str(home / "prefect"), VCDL_HOME=str(home))
+    with open(home / f"{args[0]}.log", "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "vcdl.cli", *args, "--home", str(home)],
+            env=full | (env or {}),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def reap(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process's whole group (a driver and its cluster's workers); gone is fine."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def log_tail(home: Path, command: str, chars: int = 3000) -> str:
+    """The end of what ``vcdl COMMAND`` printed (for a failure's message)."""
+    log = home / f"{command}.log"
+    return log.read_text(errors="replace")[-chars:] if log.exists() else ""
