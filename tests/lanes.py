@@ -34,13 +34,22 @@ ALONE = "alone"
 
 
 def _lock_dir(config: pytest.Config) -> Path | None:
-    """A directory that all workers of this xdist session share, or None without xdist."""
+    """A directory that all workers of this xdist session share, or None without xdist.
+
+    xdist gives each local worker the basetemp ``<session's basetemp>/popen-gwN``:
+    the parent is the session's own, and pytest's retention of old basetemps
+    removes it with the rest (a directory of our own in /tmp stayed behind,
+    one per session).
+    """
     workerinput = getattr(config, "workerinput", None)
     if workerinput is None:
         return None
-    uid = str(workerinput["testrunuid"])
-    path = Path(tempfile.gettempdir()) / f"vcdl-test-lanes-{uid}"
-    path.mkdir(exist_ok=True)
+    basetemp = getattr(config.option, "basetemp", None)
+    if basetemp:
+        path = Path(basetemp).parent / "lanes"
+    else:  # a worker xdist gave no basetemp (not a local one): one per test run
+        path = Path(tempfile.gettempdir()) / f"vcdl-test-lanes-{workerinput['testrunuid']}"
+    path.mkdir(parents=True, exist_ok=True)
     return path
 
 
