@@ -1,6 +1,12 @@
 """The driver side: what the flow process decides and merges.
 
-:mod:`.assimilator` (one result into the head), :mod:`.head_cache`,
-:mod:`.budget` (attempt budget), :mod:`.runs` (create, resume, evaluate,
-export), :mod:`.retrain` (the retrain flow's decisions).
+The epoch's decisions, pure: :mod:`.epoch_events` (facts, events,
+instructions, the policy), :mod:`.epoch_state` (the state machine, the
+attempt budget included), :mod:`.dispatch` (where an attempt's time went).
+Merging: :mod:`.assimilator` (one result into the head), :mod:`.streamed`
+(a batch of tensors at a time), :mod:`.fold` (waiting results in one
+version write, ``merge.fold``), :mod:`.head_cache`. The run:
+:mod:`.runs` (create, resume, evaluate, export), :mod:`.lease` (one driver
+at a time), :mod:`.retention` and :mod:`.gc` (which weights stay, and
+applying it), :mod:`.retrain` (the retrain flow's decisions).
 """

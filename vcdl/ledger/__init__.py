@@ -1,8 +1,11 @@
 """The ledger: every fact about runs, subtasks, attempts, versions and evaluations.
 
-SQLModel tables (:mod:`.models`), the queries (:class:`.queries.Ledger`), the
-database plumbing (:mod:`.engine`), SQLite's and PostgreSQL's merge paths
-(:mod:`.sqlite`, :mod:`.pg`) and the schema migrations (:mod:`.migrations`).
+SQLModel tables (:mod:`.models`, read back as detached rows by :mod:`.rows`),
+the queries (:class:`.queries.Ledger` in :mod:`.queries`, built from :mod:`.base`,
+:mod:`.runs`, :mod:`.work` and :mod:`.versions`), the merge's at-most-once
+step (:mod:`.merging`; SQLite's and PostgreSQL's paths in :mod:`.sqlite`,
+:mod:`.pg`), the database plumbing (:mod:`.engine`, :mod:`.retry`) and the
+schema migrations (:mod:`.migrations`).
 """
 
 from __future__ import annotations

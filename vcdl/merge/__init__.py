@@ -1,8 +1,10 @@
 """Merge rules and what they share: pure functions from state dicts to state dicts.
 
+:mod:`.rules` (the rules behind one interface, chosen by ``merge.rule``),
 :mod:`.ops` (VC-ASGD, averaging, EASGD, DiLoCo, partial results),
 :mod:`.delta` (the delta rule), :mod:`.elementwise` (their building blocks),
-:mod:`.checks` (result checks), :mod:`.staleness` and :mod:`.schedules` (α).
+:mod:`.checks` (result checks), :mod:`.staleness` and :mod:`.schedules` (α),
+:mod:`.codec` (results in reduced precision).
 """
 
 from __future__ import annotations

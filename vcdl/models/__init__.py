@@ -2,7 +2,8 @@
 
 :mod:`.factory` (resolve and call a factory with the data set's hints),
 :mod:`.classifiers` (``mlp``, ``cnn1d``, ``cnn2d``, ``resnet``), :mod:`.gpt`
-(a small decoder-only transformer).
+(a small decoder-only transformer), :mod:`.synthetic` (a model whose
+training is a sleep, for measuring a fleet).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The weight store: state dicts as Zarr v3 groups, on a local disk or S3.
 
-:mod:`.weights` (the store), :mod:`.layout` (the packed format 2),
+:mod:`.weights` (the store), :mod:`.streaming` (a group read and written a
+few tensors at a time), :mod:`.layout` (the packed format 2),
 :mod:`.files` (local chunk I/O), :mod:`.legacy` (format 1 reader),
 :mod:`.paths` (where a run's groups live).
 """

@@ -1,1 +1,7 @@
-"""Read-only views of a run built from the ledger: status, audit, cost, artifacts."""
+"""Read-only views of a run built from the ledger: status, audit, cost, artifacts.
+
+:mod:`.status`, :mod:`.epochs` (the per-epoch projection), :mod:`.summary`
+(its text), :mod:`.goodput`, :mod:`.audit`, :mod:`.cost` and
+:mod:`.prices`, :mod:`.artifacts`; while a run trains, :mod:`.observe`
+(what its driver tells listeners) and :mod:`.live` (the terminal's model).
+"""
