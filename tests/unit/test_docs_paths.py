@@ -71,3 +71,42 @@ def test_the_workarounds_table_names_every_workaround() -> None:
     named = set(re.findall(r"^``(\w+)``", doc, flags=re.M))
     modules = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
     assert named == modules
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, each space a hyphen."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _outside_code(text: str) -> str:
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def _anchors(doc: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", _outside_code(doc.read_text()), flags=re.M):
+        slug = _slug(heading)
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")  # GitHub numbers repeated headings
+    return out
+
+
+def test_slugs_follow_githubs_rule() -> None:
+    assert _slug("Why 32 workers miss 90 % here") == "why-32-workers-miss-90--here"
+    assert (
+        _slug("N = 64 tried, 2026-11-27: out of memory") == "n--64-tried-2026-11-27-out-of-memory"
+    )
+    assert _slug("`merge.fold` under chaos") == "mergefold-under-chaos"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_link_to_a_heading_finds_it(doc: Path) -> None:
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]*#[^)\s]+)\)", _outside_code(doc.read_text())):
+        path, _, fragment = target.partition("#")
+        linked = (doc.parent / path).resolve() if path else doc
+        if linked.suffix == ".md" and fragment not in _anchors(linked):
+            broken.append(target)
+    assert broken == [], f"{doc.name} links to headings that do not exist: {broken}"
