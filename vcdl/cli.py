@@ -77,17 +77,31 @@ def _parser() -> argparse.ArgumentParser:
         metavar="RATE",
         help="simulate spot preemptions: worker kills/notices per second (Poisson)",
     )
-    chaos_opts.add_argument("--preempt-notices", type=float, default=0.25, metavar="FRACTION")
-    chaos_opts.add_argument("--preempt-grace", type=float, default=2.0, metavar="SECONDS")
-    chaos_opts.add_argument("--preempt-seed", type=int, default=0)
+    chaos_opts.add_argument(
+        "--preempt-notices",
+        type=float,
+        default=0.25,
+        metavar="FRACTION",
+        help="share of events that are notices (SIGTERM, then a kill); default 0.25",
+    )
+    chaos_opts.add_argument(
+        "--preempt-grace",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="seconds from a notice to its kill (default 2)",
+    )
+    chaos_opts.add_argument(
+        "--preempt-seed", type=int, default=0, metavar="N", help="seed of the schedule and victims"
+    )
     chaos_opts.add_argument(
         "--preempt-start",
         type=float,
         default=5.0,
         metavar="SECONDS",
-        help="seconds from the run's start to the first event (default 5)",
+        help="seconds from the cluster's start to the first event (default 5)",
     )
-    chaos_opts.add_argument("--preempt-log", help="JSON-lines file of every event")
+    chaos_opts.add_argument("--preempt-log", metavar="FILE", help="JSON-lines file of every event")
     t = sub.add_parser(
         "train",
         parents=[common, chaos_opts, json_opt],
