@@ -33,12 +33,12 @@ from flows.workarounds.watchdog import ClusterWatchdog
 from vcdl.config import RunConfig
 from vcdl.errors import ClusterUnreachable, ModelError
 from vcdl.reach import no_scheduler, scheduler_unreachable
+from vcdl.runcode import run_specs
 from vcdl.usercode import (
     bundle,
     code_dirs,
     grant,
     local_modules,
-    run_specs,
     split_path,
 )
 

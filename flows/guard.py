@@ -32,7 +32,7 @@ from typing import Any
 from vcdl.config import MetricsSection, RunConfig, resolve_home
 from vcdl.errors import ConfigError
 from vcdl.redact import url_secrets
-from vcdl.usercode import run_check
+from vcdl.runcode import run_check
 
 FORM_LOCATIONS_ENV = "VCDL_FORM_LOCATIONS"
 ALLOW_CHAOS_ENV = "VCDL_ALLOW_CHAOS"

@@ -137,7 +137,8 @@ def allow_own_code(cfg: RunConfig) -> None:
     modules of the run's import paths found in ``run.code_dir`` (else the
     current directory) and makes them importable here.
     """
-    from vcdl.usercode import code_dirs, grant_beside_config, importable_here, run_specs
+    from vcdl.runcode import run_specs
+    from vcdl.usercode import code_dirs, grant_beside_config, importable_here
 
     specs = run_specs(cfg.model.factory, cfg.train.objective, cfg.train.metrics)
     if grant_beside_config(specs, cfg.run.code_dir):
@@ -151,7 +152,8 @@ def preflight(cfg: RunConfig) -> None:
     from vcdl.driver.runs import check_sizes, ensure_dataset, new_model
     from vcdl.metrics.exporter import check_endpoint
     from vcdl.objectives import objective_for
-    from vcdl.usercode import code_dirs, importable_here, run_check, run_specs
+    from vcdl.runcode import run_check, run_specs
+    from vcdl.usercode import code_dirs, importable_here
     from vcdl.views.prices import run_prices
 
     # Before anything is imported: only what the operator (or the config's

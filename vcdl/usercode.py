@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vcdl.errors import ConfigError, ModelError, VcdlError
+from vcdl.errors import VcdlError
 
 ALLOW_ENV = "VCDL_ALLOW_IMPORTS"
 # Module prefixes a trusted caller allowed in this process besides $VCDL_ALLOW_IMPORTS.
@@ -114,22 +114,6 @@ def check_allowed(
         f"allows modules with {ALLOW_ENV} (comma-separated module prefixes, '*' for any) in "
         "the driver's environment (`vcdl train CONFIG` also allows the modules beside CONFIG)"
     )
-
-
-def run_check(model_factory: str, objective: str, metrics: str | None, *, grants: bool) -> None:
-    """:func:`check_allowed` for every import path of a run (model factory, objective, metrics)."""
-    from vcdl.models.factory import BUILTIN_MODELS
-
-    check_allowed(
-        model_factory,
-        what="model factory",
-        builtins=BUILTIN_MODELS,
-        error=ModelError,
-        grants=grants,
-    )
-    check_allowed(objective, what="objective", builtins={}, error=ConfigError, grants=grants)
-    if metrics is not None:
-        check_allowed(metrics, what="metrics", builtins={}, error=ConfigError, grants=grants)
 
 
 def grant_beside_config(specs: Iterable[str], code_dir: str | None) -> list[str]:
@@ -332,8 +316,3 @@ def bundle(modules: Sequence[LocalModule], into: Path) -> Path:
     path = into / f"vcdl-code-{hashlib.sha256(data).hexdigest()[:12]}.zip"
     path.write_bytes(data)
     return path
-
-
-def run_specs(model_factory: str, objective: str, metrics: str | None) -> list[str]:
-    """The import paths of a run's own code (built-in names are no paths, and skipped)."""
-    return [s for s in (model_factory, objective, metrics) if s is not None and ":" in s]

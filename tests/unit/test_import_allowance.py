@@ -19,6 +19,7 @@ from vcdl.config import RunConfig, parse_config
 from vcdl.errors import ConfigError, ModelError
 from vcdl.models import build_model
 from vcdl.objectives import objective_for
+from vcdl.runcode import run_check
 from vcdl.usercode import (
     ALLOW_ENV,
     check_allowed,
@@ -27,7 +28,6 @@ from vcdl.usercode import (
     grant_beside_config,
     granted,
     revoke_grants,
-    run_check,
 )
 
 MARKER_MODULE = """

@@ -24,6 +24,11 @@ it, :meth:`StateWriter.write_rows` writes them. So a model whose one tensor
 is most of its bytes (a language model's token embedding) still streams a
 batch at a time.
 
+Both are the store's own streaming half: they use its internals, which
+:class:`GroupStore` declares, and :class:`~vcdl.store.weights.WeightStore`
+hands itself to them (:meth:`~vcdl.store.weights.WeightStore.reader`,
+:meth:`~vcdl.store.weights.WeightStore.writer`).
+
 The writer keeps a reference to each tensor until the chunks holding its
 bytes are written (no copies): at most about one chunk per dtype beyond the
 tensors of the current call.
@@ -39,13 +44,13 @@ import asyncio
 import hashlib
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
-from zarr.storage import LocalStore
+from zarr.storage import FsspecStore, LocalStore
 
 from vcdl.errors import IntegrityError, StoreError
 from vcdl.store import files as store_files
@@ -54,6 +59,7 @@ from vcdl.store.layout import (
     GROUP_DOC,
     PROTOTYPE,
     ArrayLayout,
+    CheckedTable,
     Packed,
     WritePlan,
     _bytes_of,
@@ -71,8 +77,50 @@ from vcdl.store.layout import (
 )
 from vcdl.types import StateDict
 
-if TYPE_CHECKING:
-    from vcdl.store.weights import WeightStore
+_T = TypeVar("_T")
+
+
+class GroupStore(Protocol):
+    """What the reader and writer here use of :class:`~vcdl.store.weights.WeightStore`.
+
+    They are the store's own streaming half, split off for size: they reach
+    into its internals (the Zarr store, path checks, the I/O loop, the group
+    document's reads and its commit) as its own methods do. Declared here, the
+    contract is explicit and this module does not import ``weights``, which
+    imports it.
+    """
+
+    _store: LocalStore | FsspecStore
+    _url: str
+    _parents_known: set[str]
+
+    def _rel(self, path: str, allow_root: bool = False) -> str: ...
+
+    def shown(self, path: str = "") -> str: ...
+
+    def delete(self, path: str) -> None: ...
+
+    def _run(self, coro: Coroutine[Any, Any, _T], what: str, uri: str) -> _T: ...
+
+    async def _get_doc(self, rel: str) -> dict[str, Any] | None: ...
+
+    async def _complete_doc(self, rel: str, uri: str) -> dict[str, Any]: ...
+
+    async def _ensure_parent(self, parent: str) -> None: ...
+
+    async def _publish(self, rel: str, doc: bytes) -> None: ...
+
+    async def _read(
+        self,
+        rel: str,
+        uri: str,
+        verify: bool,
+        doc: dict[str, Any] | None = None,
+        only: Sequence[str] | None = None,
+        expect: str | None = None,
+        table: CheckedTable | None = None,
+        rows: tuple[int, int] | None = None,
+    ) -> StateDict: ...
 
 
 @dataclass(frozen=True)
@@ -184,7 +232,7 @@ class StateReader:
     """One complete state group, read a subset of tensors at a time (see the module)."""
 
     def __init__(
-        self, store: WeightStore, path: str, verify: bool = True, expect: str | None = None
+        self, store: GroupStore, path: str, verify: bool = True, expect: str | None = None
     ) -> None:
         self._store = store
         self._rel = store._rel(path)
@@ -297,7 +345,7 @@ class StateWriter:
 
     def __init__(
         self,
-        store: WeightStore,
+        store: GroupStore,
         path: str,
         specs: Sequence[TensorSpec],
         attrs: Mapping[str, Any] | None = None,
