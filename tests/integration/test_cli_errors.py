@@ -67,6 +67,7 @@ def _no_runs(home: Path) -> bool:
         ),
         (GOOD + "[ledger]\nurl = 'mysql://h/db'\n", "ledger.url: must be sqlite"),
         (GOOD + "[store]\nurl = 'foo://bucket/x'\n", "cannot open store"),
+        (GOOD + "[store]\nurl = 's3://'\n", "store url 's3://' names nothing after s3://"),
         (GOOD + "[fault]\nattempt_timeout = inf\n", "fault.attempt_timeout"),
         (GOOD + "[train]\nweight_decay = 1e30\n", "train.weight_decay"),
         (
@@ -87,6 +88,7 @@ def _no_runs(home: Path) -> bool:
         "batch-larger-than-a-shard",
         "unsupported-ledger",
         "unsupported-store",
+        "store-without-bucket",
         "infinite-timeout",
         "huge-weight-decay",
         "huge-samples",

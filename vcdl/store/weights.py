@@ -142,7 +142,15 @@ class WeightStore:
             self._protocol = "file"
             self._store: LocalStore | FsspecStore = LocalStore(self._url)
         else:
-            self._protocol = url.split("://", 1)[0]
+            self._protocol, location = url.split("://", 1)
+            if not location.strip("/"):
+                # "s3://" with its bucket left out: stripped to "s3:", fsspec
+                # takes it for a local directory named "s3:" and the run's
+                # weights would go to this machine's disk.
+                raise StoreConfigError(
+                    f"store url {redact_url(url)!r} names nothing after {self._protocol}://; "
+                    "give the location after it, e.g. s3://bucket/prefix"
+                )
             self._url = url.rstrip("/")
             # A private fs instance: fsspec's instance cache would hand our
             # loop-bound async s3fs client to other code (docs/stack.md).
