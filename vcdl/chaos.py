@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 # The simulator's options' ranges, for the CLI and the flows' form alike.
 MAX_RATE = 100.0  # events per second
 MAX_GRACE = 3600.0  # seconds from notice to kill
-MAX_START = 86400.0  # seconds from a run's start to its first event
+MAX_START = 86400.0  # seconds from the cluster's start to the first event
 
 EventKind = Literal["kill", "notice"]
 
