@@ -11,6 +11,9 @@ each learnt from a stalled run:
   in a console write and the run stalled (seen in CI);
 * it runs in a session (process group) of its own, so that :func:`reap`
   can kill the cluster a killed driver leaves behind.
+
+:func:`kill_group` is that clean-up for any process started in its own
+group (the tests that start ``vcdl`` or ``dask`` processes otherwise).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["log_tail", "reap", "start_vcdl"]
+__all__ = ["kill_group", "log_tail", "reap", "start_vcdl"]
 
 
 def start_vcdl(
@@ -41,10 +44,15 @@ def start_vcdl(
         )
 
 
-def reap(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the process's whole group (a driver and its cluster's workers); gone is fine."""
+def kill_group(pgid: int) -> None:
+    """SIGKILL the whole process group (a driver and the cluster it started); gone is fine."""
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def reap(proc: subprocess.Popen[bytes]) -> None:
+    """:func:`kill_group` of a process :func:`start_vcdl` started (its group is its pid)."""
+    kill_group(proc.pid)
 
 
 def log_tail(home: Path, command: str, chars: int = 3000) -> str:

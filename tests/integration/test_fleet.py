@@ -37,8 +37,8 @@ from urllib.parse import parse_qs, urlsplit
 import numpy as np
 import pytest
 
+from benchmarks.cli_proc import kill_group
 from tests.ports import free_port
-from tests.procs import kill_group
 from tests.s3fixture import S3_KEY, S3_SECRET, make_bucket
 
 # Under `pytest -n 2` this runs with no other test beside it (tests/lanes.py):

@@ -35,8 +35,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from benchmarks.cli_proc import kill_group
 from tests.driverwait import wait_for_run
-from tests.procs import kill_group
 from vcdl.ledger import Ledger, Run
 
 REPO = Path(__file__).resolve().parents[2]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import kill_group
+from benchmarks.cli_proc import kill_group
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.alone]
 

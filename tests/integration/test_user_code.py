@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.cli_proc import kill_group
 from tests.ports import free_port
-from tests.procs import kill_group
 from vcdl import api
 from vcdl.errors import ModelError
 
