@@ -41,6 +41,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.cli_proc import reap, start_vcdl
+from vcdl.chaos import DEFAULT_START
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "mnist1d.toml"
@@ -74,7 +75,7 @@ def soak_run(
     seed: int,
     rate: float,
     kill_after: int | None,
-    preempt_start: float = 5.0,
+    preempt_start: float = DEFAULT_START,
 ) -> dict[str, Any]:
     """One run under chaos (its driver killed once ``kill_after`` epochs are done, if set)."""
     from vcdl import api
@@ -163,9 +164,10 @@ def main() -> int:
     p.add_argument(
         "--preempt-start",
         type=float,
-        default=5.0,
+        default=DEFAULT_START,
         metavar="SECONDS",
-        help="seconds from each run part's start to its first event",
+        help=f"seconds from each run part's cluster start to its first event "
+        f"(default {DEFAULT_START:g})",
     )
     p.add_argument("--seed", type=int, default=1, help="the first run's seed (one more per run)")
     p.add_argument("--home", type=Path, help="keep the runs' homes here (default: a temp dir)")

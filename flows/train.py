@@ -30,7 +30,14 @@ from flows.reporting import (
 from flows.workarounds.heartbeats import epoch_heartbeats_off
 from flows.workarounds.pipeline import run_epochs
 from flows.workarounds.shared_runner import shared_task_runner
-from vcdl.chaos import MAX_GRACE, MAX_RATE, MAX_START, Preemptor, chaos_schedule
+from vcdl.chaos import (
+    DEFAULT_START,
+    MAX_GRACE,
+    MAX_RATE,
+    MAX_START,
+    Preemptor,
+    chaos_schedule,
+)
 from vcdl.config import RunConfig, resolve_home, run_log_path
 from vcdl.console import console_off_thread
 from vcdl.driver.head_cache import forget_run_cache
@@ -51,7 +58,9 @@ class ChaosSpec(BaseModel):
     notice_fraction: float = Field(0.25, ge=0, le=1, description="Share of events with notice.")
     grace: float = Field(2.0, ge=0, le=MAX_GRACE, description="Seconds between notice and kill.")
     seed: int = Field(0, description="Seed of the schedule and the victims.")
-    start_after: float = Field(5.0, ge=0, le=MAX_START, description="Seconds to the first event.")
+    start_after: float = Field(
+        DEFAULT_START, ge=0, le=MAX_START, description="Seconds to the first event."
+    )
     log: str | None = Field(None, description="JSON-lines file recording every event.")
 
 

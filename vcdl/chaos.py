@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 MAX_RATE = 100.0  # events per second
 MAX_GRACE = 3600.0  # seconds from notice to kill
 MAX_START = 86400.0  # seconds from the cluster's start to the first event
+# A run's first event waits this long by default: its cluster is up and working.
+DEFAULT_START = 5.0
 
 EventKind = Literal["kill", "notice"]
 

@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from vcdl.chaos import DEFAULT_START
 from vcdl.cli_json import JSON_OPTION, emit, error_document, json_mode, report, wants_json
 from vcdl.config import resolve_home
 from vcdl.errors import ConfigError, VcdlError
@@ -97,9 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     chaos_opts.add_argument(
         "--preempt-start",
         type=float,
-        default=5.0,
+        default=DEFAULT_START,
         metavar="SECONDS",
-        help="seconds from the cluster's start to the first event (default 5)",
+        help=f"seconds from the cluster's start to the first event (default {DEFAULT_START:g})",
     )
     chaos_opts.add_argument("--preempt-log", metavar="FILE", help="JSON-lines file of every event")
     t = sub.add_parser(
