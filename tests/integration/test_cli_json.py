@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from vcdl.cli import _parser, main
-from vcdl.cli_json import emit, json_mode
-from vcdl.completion import command_tree, completion_script
+from vcdl.cli.completion import command_tree, completion_script
+from vcdl.cli.json_output import emit, json_mode
 from vcdl.config import parse_config
 from vcdl.driver.assimilator import merge_attempt
 from vcdl.driver.runs import prepare_run

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from vcdl.chaos import DEFAULT_START
-from vcdl.cli_json import JSON_OPTION, emit, error_document, json_mode, report, wants_json
+from vcdl.cli.json_output import JSON_OPTION, emit, error_document, json_mode, report, wants_json
 from vcdl.config import resolve_home
 from vcdl.errors import ConfigError, VcdlError
 from vcdl.termination import TERMINATED_EXIT, Terminated, sigterm_as_interrupt
@@ -532,7 +532,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "data":
         return _data(args)
     if args.command == "completion":
-        from vcdl.completion import completion_script
+        from vcdl.cli.completion import completion_script
 
         sys.stdout.write(completion_script(_parser(), args.shell))
         return 0
@@ -742,7 +742,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A bug or an unforeseen failure: still one document, exit 1 as a traceback has.
         _fail(f"{type(exc).__name__}: {exc}", 1, True, type(exc).__name__)
     raise SystemExit(code)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,5 @@
+"""``python -m vcdl.cli``: the ``vcdl`` command."""
+
+from vcdl.cli import main
+
+main()
