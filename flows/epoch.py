@@ -82,7 +82,7 @@ from vcdl.driver.epoch_state import EpochState, settle
 from vcdl.driver.fold import merge_attempts
 from vcdl.driver.gc import collect
 from vcdl.driver.head_cache import run_head_cache
-from vcdl.errors import EpochFailed, StoreError
+from vcdl.errors import EpochFailed, LeaseLost, StoreError
 from vcdl.merge.rules import merge_rule
 from vcdl.metrics.exporter import note_event, note_kill
 from vcdl.objectives import objective_for
@@ -201,6 +201,8 @@ class EpochExecutor:
                 self.attempts_of(key),
                 crashed=f"worker lost: {exc}",
             )
+        except LeaseLost:
+            raise  # the worker's claim was refused: another driver runs the run now
         except Exception as exc:
             return TaskLost(key, f"{type(exc).__name__}: {exc}", self.attempts_of(key))
         if out["state"] == PREEMPTED:
@@ -422,6 +424,9 @@ class EpochExecutor:
             except queue.Empty:
                 fut = None
             if time.monotonic() - checked >= POLL_SECONDS:
+                # A driver paused past its lease finds out here even while it
+                # has nothing to write (its writes are refused anyway).
+                self.ledger.check_lease(self.ref.run)
                 # Also while results keep coming: one hung attempt among many.
                 for late in self._late():
                     self.feed(late)

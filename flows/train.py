@@ -43,6 +43,7 @@ from vcdl.console import console_off_thread
 from vcdl.driver.head_cache import forget_run_cache
 from vcdl.driver.lease import run_lease
 from vcdl.driver.runs import clean_orphans, prepare_run
+from vcdl.errors import LeaseLost
 from vcdl.metrics.exporter import follow_run, serve_metrics
 from vcdl.runtime import RunRef
 from vcdl.views import observe
@@ -204,11 +205,14 @@ def _train(
     cfg = config.with_locations(resolve_home(home))
     ref, run, resumed = prepare_run(cfg)
     follow_run(ref, cfg)  # the metrics endpoint's figures, from the ledger
-    ledger = ref.ledger()
     if observe.listened():
         observe.tell(opened(ref, cfg, resumed))
     progress_id = start_progress(ref, cfg.run.epochs, cfg.data.shards)
-    with run_lease(ref, logger=logger):
+    with run_lease(ref, logger=logger) as lease:
+        # Everything from here on is fenced with the lease's generation: the
+        # driver's writes, and its workers' claims (vcdl/ledger/fence.py).
+        ref = ref.leased(lease.generation)
+        ledger = ref.ledger()
         if resumed:
             removed = clean_orphans(ref)
             logger.info(
@@ -251,6 +255,8 @@ def _train(
                     )
                 if chaos_thread is not None:
                     logger.warning("preemptions sent: %s", chaos_thread.counts())
+        except LeaseLost:
+            raise  # the run is another driver's now: nothing more is written
         except BaseException:
             ledger.update_run(ref.run, state="failed")
             raise

@@ -117,6 +117,14 @@ class LeaseHeld(LedgerError):
     """Another driver process holds the run's lease."""
 
 
+class LeaseLost(LedgerError):
+    """This driver's lease generation is no longer the run's: another driver took over.
+
+    Raised by every ledger write of a fenced ledger (vcdl/ledger/fence.py)
+    once the run's lease has passed on; the driver must stop at once.
+    """
+
+
 class ClusterUnreachable(VcdlError, ConnectionError):
     """No Dask scheduler answered at the configured ``cluster.address``."""
 

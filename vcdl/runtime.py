@@ -35,6 +35,10 @@ class RunRef(BaseModel):
     ledger_url: str
     store_url: str
     storage_options: dict[str, Any] = Field(default_factory=dict)
+    # The generation of the driver lease this reference was handed out under
+    # (its fencing token): set, the reference's ledger refuses the writes of a
+    # driver whose lease has passed on, and workers' claims carry it.
+    lease: int | None = None
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> RunRef:
@@ -48,8 +52,19 @@ class RunRef(BaseModel):
             storage_options=dict(cfg.store.storage_options),
         )
 
-    def ledger(self) -> Ledger:
-        return open_ledger(self.ledger_url)
+    def ledger(self, *, fenced: bool = True) -> Ledger:
+        """The run's ledger; fenced with :attr:`lease` when set and ``fenced`` (the driver's).
+
+        Workers record what they did with ``fenced=False`` (a fact stays a
+        fact, whoever drives the run now) and fence only their claims.
+        """
+        if self.lease is None or not fenced:
+            return open_ledger(self.ledger_url)
+        return _fenced_ledger(self.ledger_url, self.run, self.lease)
+
+    def leased(self, generation: int) -> RunRef:
+        """This reference handed out under lease generation ``generation``."""
+        return self.model_copy(update={"lease": generation})
 
     def store(self) -> WeightStore:
         return open_store(self.store_url, json.dumps(self.storage_options, sort_keys=True))
@@ -67,6 +82,11 @@ def open_ledger(url: str, *, create: bool = True) -> Ledger:
     raises :class:`~vcdl.errors.LedgerNotFound` instead of being created empty.
     """
     return Ledger(url, create=create)
+
+
+@functools.lru_cache(maxsize=8)
+def _fenced_ledger(url: str, run: str, generation: int) -> Ledger:
+    return open_ledger(url).fenced(run, generation)
 
 
 @functools.lru_cache(maxsize=8)

@@ -58,7 +58,7 @@ from vcdl.merge.rules import merge_rule
 from vcdl.runtime import RunRef
 from vcdl.states import MERGEABLE_ATTEMPT_STATES
 from vcdl.store import WeightStore
-from vcdl.store.paths import rule_state_path, version_path
+from vcdl.store.paths import rule_state_path, version_path, version_tag
 from vcdl.store.streaming import TensorSource, specs_of
 from vcdl.types import StateDict
 
@@ -156,7 +156,7 @@ def merge_attempt(
             else None
         )
         number = head_row.number + 1
-        path = version_path(ref.run, number, attempt.id[:12])
+        path = version_path(ref.run, number, version_tag(attempt.id, ref.lease))
         attrs = {
             "run": ref.run,
             "number": number,

@@ -32,7 +32,7 @@ from vcdl.ledger.merging import FoldItem, FoldRefused
 from vcdl.merge.rules import merge_rule
 from vcdl.runtime import RunRef
 from vcdl.states import MERGEABLE_ATTEMPT_STATES
-from vcdl.store.paths import rule_state_path, version_path
+from vcdl.store.paths import rule_state_path, version_path, version_tag
 from vcdl.store.streaming import specs_of
 
 
@@ -116,7 +116,12 @@ def fold_attempts(
         )
         number = head_row.number + i + 1
         items.append(
-            FoldItem(attempt.id, alpha, staleness, version_path(ref.run, number, attempt.id[:12]))
+            FoldItem(
+                attempt.id,
+                alpha,
+                staleness,
+                version_path(ref.run, number, version_tag(attempt.id, ref.lease)),
+            )
         )
 
     state = (

@@ -5,6 +5,12 @@ drivers cannot both win) and renews it in a background thread while it
 works; a second driver is refused with the holder's name. A lease left by a
 driver on this host that has died is waited out (at most the lease's time to
 live) instead of refused, so ``vcdl resume`` right after a crash works.
+
+The lease is also a fencing token (vcdl/ledger/fence.py): each driver that
+takes it gets a new generation, and the ledger refuses every write of a driver
+whose generation is no longer the run's. A driver paused past its lease
+(SIGSTOP, a VM paused for live migration) cannot write once another has taken
+over; it finds out at its next write or renewal and stops.
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
-from vcdl.errors import LeaseHeld
+from vcdl.errors import LeaseHeld, LeaseLost
 from vcdl.runtime import RunRef
 
 LEASE_TTL = 30.0
@@ -47,26 +54,50 @@ def _dead_local_owner(owner: str | None) -> bool:
     return False
 
 
+@dataclass
+class Lease:
+    """The lease a driver holds: its owner string and its generation (the fencing token).
+
+    ``lost`` is set when a renewal found that the run's lease has passed on;
+    :meth:`check` raises :class:`LeaseLost` then.
+    """
+
+    run: str
+    owner: str
+    generation: int
+    lost: threading.Event = field(default_factory=threading.Event)
+    why: LeaseLost | None = None
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` if a renewal found the lease gone."""
+        if self.why is not None:
+            raise self.why
+
+
 @contextmanager
 def run_lease(
     ref: RunRef,
     ttl: float = LEASE_TTL,
     logger: logging.Logger | logging.LoggerAdapter[Any] | None = None,
-) -> Iterator[str]:
+) -> Iterator[Lease]:
     """Hold the run's lease (renewed in the background) so only one driver runs it.
 
     ``logger``: where to say that a dead driver's lease is waited out
     (the flow's run logger).
 
     A lease left by a driver on this host that has died is waited out (at
-    most ``ttl`` seconds) instead of refused.
+    most ``ttl`` seconds) instead of refused. The lease's generation fences
+    the driver's writes: use ``ref.leased(lease.generation)`` for everything
+    done under it. A renewal that finds the lease gone (this process was
+    paused past it and another driver took the run) stops renewing and sets
+    :attr:`Lease.lost`; from then on every fenced write is refused.
     """
-    ledger, owner = ref.ledger(), _owner()
+    ledger, owner = ref.ledger(fenced=False), _owner()
     log = logger if logger is not None else _log
     deadline = time.monotonic() + ttl + 5
     while True:
         try:
-            ledger.acquire_lease(ref.run, owner, ttl)
+            generation = ledger.acquire_lease(ref.run, owner, ttl)
             break
         except LeaseHeld:
             holder = ledger.get_run(ref.run).lease_owner
@@ -74,19 +105,25 @@ def run_lease(
                 raise
             log.warning("waiting for the lease of dead driver %s to expire", holder)
             time.sleep(2)
+    lease = Lease(ref.run, owner, generation)
     stop = threading.Event()
 
     def renew() -> None:
         while not stop.wait(ttl / 3):
             try:
-                ledger.acquire_lease(ref.run, owner, ttl)
-            except Exception as exc:  # keep trying; losing it shows at the next renewal
+                ledger.renew_lease(ref.run, owner, generation, ttl)
+            except LeaseLost as exc:
+                lease.why = exc
+                lease.lost.set()
+                log.error("%s", exc)
+                return
+            except Exception as exc:  # a ledger that is down: keep trying until it expires
                 log.warning("lease renewal failed: %s", exc)
 
     thread = threading.Thread(target=renew, name="vcdl-lease", daemon=True)
     thread.start()
     try:
-        yield owner
+        yield lease
     finally:
         stop.set()
         thread.join(timeout=5)

@@ -33,7 +33,13 @@ from vcdl.models import build_model
 from vcdl.objectives import objective_for
 from vcdl.runtime import RunRef
 from vcdl.store import WeightStore
-from vcdl.store.paths import results_prefix, rule_state_prefix, version_path, versions_prefix
+from vcdl.store.paths import (
+    group_generation,
+    results_prefix,
+    rule_state_prefix,
+    version_path,
+    versions_prefix,
+)
 from vcdl.types import StateDict
 from vcdl.views.prices import run_prices
 from vcdl.worker.loop import evaluate, snapshot
@@ -183,22 +189,38 @@ def clean_orphans(ref: RunRef) -> list[str]:
     a resuming driver before it submits anything: a worker of the dead
     driver still running elsewhere may record a result this just deleted,
     which the merge then rejects as unreadable and the driver reissues.
+
+    Never deleted, because a live driver may be writing them right now
+    (this driver may itself be one paused past its lease, vcdl/ledger/fence.py):
+    version and rule-state groups of a later lease generation than
+    ``ref.lease``, and the result and checkpoint groups of attempts the
+    ledger has as running: such a group is not named in the ledger until
+    its writer is done.
     """
     store, ledger = ref.store(), ref.ledger()
+    attempts = ledger.attempts(ref.run)
     named = {
         versions_prefix(ref.run): {v.uri.rsplit("/", 1)[-1] for v in ledger.versions(ref.run)},
         results_prefix(ref.run): {
             uri.rsplit("/", 1)[-1]
-            for a in ledger.attempts(ref.run)
+            for a in attempts
             for uri in (a.result_uri, a.checkpoint_uri)
             if uri
         },
         rule_state_prefix(ref.run): {ledger.head(ref.run).uri.rsplit("/", 1)[-1]},
     }
+    running = tuple(a.id for a in attempts if a.state == "running")
+
+    def in_use(prefix: str, name: str) -> bool:
+        if prefix == results_prefix(ref.run):
+            # e<epoch>-s<shard>-<attempt id>[-ckpt<samples>]
+            return any(f"-{a}" in name for a in running)
+        return ref.lease is not None and group_generation(name) > ref.lease
+
     removed = []
     for prefix, known in named.items():
         for name in store.list(prefix):
-            if name not in known:
+            if name not in known and not in_use(prefix, name):
                 store.delete(f"{prefix}/{name}")
                 removed.append(name)
     return removed

@@ -8,6 +8,7 @@ errors. The queries themselves are the mixins of :mod:`vcdl.ledger.queries`.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Mapping
@@ -19,6 +20,7 @@ from sqlmodel import SQLModel
 
 from vcdl.errors import LedgerError, RunNotFound, VersionNotFound
 from vcdl.ledger.engine import LedgerEngine
+from vcdl.ledger.fence import FencedEngine
 from vcdl.ledger.models import (
     Attempt,
     Run,
@@ -113,7 +115,7 @@ class LedgerBase:
 
     def __init__(self, url: str, *, create: bool = True) -> None:
         self._url = url
-        self._db = LedgerEngine(url, create=create)
+        self._db: LedgerEngine = LedgerEngine(url, create=create)
         self._display = self._db.display
         self._engine = self._db.engine
         # PostgreSQL runs the merge path's statements on psycopg directly.
@@ -126,6 +128,28 @@ class LedgerBase:
             self._db.dispose()
             raise
         log.debug("opened ledger %s", self._display)
+
+    def fenced(self, name: str, generation: int) -> Self:
+        """This ledger, every write of which is refused unless run ``name`` is at ``generation``.
+
+        The driver's view of the ledger once it holds the lease
+        (:mod:`vcdl.ledger.fence`): same engine and pool, no PostgreSQL fast
+        path (a fenced write needs a transaction), reads unchanged.
+        """
+        view = copy.copy(self)
+        inner = self._db.inner if isinstance(self._db, FencedEngine) else self._db
+        view._db = FencedEngine(inner, name, generation)
+        view._pg = None
+        return view
+
+    def check_lease(self, name: str) -> None:
+        """Raise :class:`LeaseLost` if this ledger is fenced and run ``name`` has passed on.
+
+        A read: for a driver that has nothing to write for a while (a no-op
+        unfenced, or fenced for another run).
+        """
+        if isinstance(self._db, FencedEngine) and self._db.run == name:
+            self._db.read(self._db.check)
 
     def _not_found(self, name: str) -> RunNotFound:
         return RunNotFound(f"no run {name!r} in ledger {self._display}; `vcdl runs` lists them")

@@ -70,6 +70,11 @@ class Run(SQLModel, table=True):
     parent_version: int | None = None
     lease_owner: str | None = None  # the driver process currently advancing this run
     lease_expires: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # The fencing token: raised by one each time a driver takes the lease
+    # from another (or from nobody); a write carrying an older one is refused.
+    lease_generation: int = Field(
+        default=0, sa_type=BigInteger, sa_column_kwargs={"server_default": "0"}
+    )
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 

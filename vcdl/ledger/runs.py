@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import Connection, insert, or_, select, update
+from sqlalchemy import Connection, and_, case, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from vcdl.errors import LeaseHeld, LedgerError
 from vcdl.ledger import models
 from vcdl.ledger.base import _RUN, _VER, LedgerBase, _check_json
+from vcdl.ledger.fence import lease_lost
 from vcdl.ledger.models import (
     Run,
 )
@@ -63,6 +64,7 @@ class RunQueries(LedgerBase):
                 parent_version=parent_version,
                 lease_owner=None,
                 lease_expires=None,
+                lease_generation=0,
                 created_at=now,
                 updated_at=now,
             )
@@ -134,19 +136,24 @@ class RunQueries(LedgerBase):
 
         return self._db.single(tx)
 
-    def acquire_lease(self, name: str, owner: str, ttl_seconds: float) -> None:
-        """Take (or renew) the right to drive run ``name`` for ``ttl_seconds``.
+    def acquire_lease(self, name: str, owner: str, ttl_seconds: float) -> int:
+        """Take the right to drive run ``name`` for ``ttl_seconds``; returns its generation.
 
         Succeeds if the lease is free, expired or already ``owner``'s; else
-        :class:`LeaseHeld`. One conditional UPDATE, so two drivers cannot both win.
+        :class:`LeaseHeld`. One conditional UPDATE, so two drivers cannot both
+        win. Taking it from another owner, or from nobody, raises the run's
+        lease generation by one: the fencing token of :meth:`fenced`. A driver
+        keeps its lease with :meth:`renew_lease`, never by taking it again.
         """
         if ttl_seconds <= 0:
             raise LedgerError(f"lease ttl must be > 0 seconds, got {ttl_seconds}")
         now = models.utcnow()
         expires = now + timedelta(seconds=ttl_seconds)
+        gen = _RUN.c.lease_generation
+        same = and_(_RUN.c.lease_owner.is_not(None), _RUN.c.lease_owner == owner)
 
-        def tx(c: Connection) -> None:
-            cas = c.execute(
+        def tx(c: Connection) -> int:
+            taken = c.execute(
                 update(_RUN)
                 .where(
                     _RUN.c.name == name,
@@ -157,16 +164,47 @@ class RunQueries(LedgerBase):
                         _RUN.c.lease_expires <= now,
                     ),
                 )
-                .values(lease_owner=owner, lease_expires=expires)
-            )
-            if cas.rowcount == 1:
-                return
+                .values(
+                    lease_owner=owner,
+                    lease_expires=expires,
+                    lease_generation=case((same, gen), else_=gen + 1),
+                )
+                .returning(gen)
+            ).scalar()
+            if taken is not None:
+                return int(taken)
             run = self._get_run(c, name)
             until = run.lease_expires.isoformat(timespec="seconds") if run.lease_expires else "?"
             raise LeaseHeld(
                 f"run {name!r} is being driven by {run.lease_owner} until {until}; wait for "
                 "it to finish, or stop that process and retry once its lease has expired"
             )
+
+        return self._db.single(tx)
+
+    def renew_lease(self, name: str, owner: str, generation: int, ttl_seconds: float) -> None:
+        """Extend ``owner``'s lease of generation ``generation`` by ``ttl_seconds`` from now.
+
+        Raises :class:`LeaseLost` if the run's lease has passed on since (to
+        another driver, or let go and taken again): the caller must stop
+        driving. A lease that expired but that nobody took is still renewed,
+        as no other driver can have written meanwhile.
+        """
+
+        def tx(c: Connection) -> None:
+            renewed = c.execute(
+                update(_RUN)
+                .where(
+                    _RUN.c.name == name,
+                    _RUN.c.lease_owner == owner,
+                    _RUN.c.lease_generation == generation,
+                )
+                .values(lease_expires=models.utcnow() + timedelta(seconds=ttl_seconds))
+            )
+            if renewed.rowcount == 1:
+                return
+            run = self._get_run(c, name)
+            raise lease_lost(name, generation, run.lease_owner, run.lease_generation)
 
         self._db.single(tx)
 

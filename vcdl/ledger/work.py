@@ -160,14 +160,21 @@ class WorkQueries(LedgerBase):
         worker: str,
         base_version: int | None = None,
         deadline: datetime | None = None,
+        lease: int | None = None,
     ) -> Attempt:
         """Record a new attempt at subtask (name, epoch, shard) and return it.
 
         The subtask's attempt count goes up and it becomes "running" unless it
         is already merged, dropped or failed; the attempt is recorded even then
         (duplicates are facts too). ``base_version`` defaults to the head read
-        in the same transaction.
+        in the same transaction. ``lease``: the generation of the driver that
+        submitted the attempt; the claim is refused (:class:`LeaseLost`) if
+        the run's lease has passed on since (vcdl/ledger/fence.py).
         """
+        if lease is not None:
+            return self.fenced(name, lease).start_attempt(
+                name, epoch, shard, worker, base_version, deadline
+            )
         values: dict[str, Any] = {
             "id": uuid4().hex,
             "run": name,

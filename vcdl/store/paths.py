@@ -15,6 +15,23 @@ def version_path(run: str, number: int, tag: str) -> str:
     return f"runs/{run}/versions/{number:08d}-{tag}"
 
 
+def version_tag(attempt_id: str, lease: int | None) -> str:
+    """The tag of a version group merged from ``attempt_id`` by a driver of lease ``lease``.
+
+    The lease generation in the name keeps two drivers of one run apart even
+    when both merge the same attempt as the same number (one of them paused
+    past its lease): each writes its own group, and a sweep of orphans by one
+    never deletes a group of a later generation (:func:`group_generation`).
+    """
+    return attempt_id[:12] if lease is None else f"{attempt_id[:12]}-g{lease}"
+
+
+def group_generation(name: str) -> int:
+    """The lease generation a version (or rule-state) group's name carries; 0 for none."""
+    _, sep, gen = name.rpartition("-g")
+    return int(gen) if sep and gen.isdigit() else 0
+
+
 def versions_prefix(run: str) -> str:
     return f"runs/{run}/versions"
 

@@ -205,7 +205,7 @@ def resume_point(store: WeightStore, earlier: list[Attempt]) -> tuple[Attempt, S
 
 def drop_checkpoint(ref: RunRef, attempt_id: str) -> None:
     """Forget and delete an attempt's checkpoint (a result or a resumer superseded it)."""
-    uri = ref.ledger().clear_checkpoint(attempt_id)
+    uri = ref.ledger(fenced=False).clear_checkpoint(attempt_id)
     if uri is not None:
         ref.store().delete(uri)
 
@@ -241,7 +241,7 @@ def run_attempt(
     """
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    ledger = ref.ledger()
+    ledger = ref.ledger(fenced=False)  # the claim alone is fenced (lease=, below)
     store = ref.store()
     cfg = config if config is not None else ref.config()
     subtask = next((s for s in ledger.subtasks(ref.run, epoch) if s.shard == shard), None)
@@ -269,6 +269,7 @@ def run_attempt(
         # A resumed checkpoint carries its attempt's base: staleness counts from there.
         base_version=resume[0].base_version if resume else base_version,
         deadline=deadline,
+        lease=ref.lease,  # refused if the driver that sent this has lost the run
     )
     timings["claim"] = time.perf_counter() - t0 - awaited - resumed
     if awaited:
