@@ -26,10 +26,27 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from vcdl.errors import LeaseHeld, LeaseLost
+from vcdl.errors import ConfigError, LeaseHeld, LeaseLost
 from vcdl.runtime import RunRef
 
 LEASE_TTL = 30.0
+# Seconds a driver's lease lasts unrenewed: how long a resume waits for a
+# driver that vanished, and how soon a paused one loses the run.
+LEASE_TTL_ENV = "VCDL_LEASE_TTL"
+
+
+def lease_ttl() -> float:
+    """The driver's lease time to live: ``$VCDL_LEASE_TTL`` seconds, else :data:`LEASE_TTL`."""
+    raw = os.environ.get(LEASE_TTL_ENV)
+    if not raw:
+        return LEASE_TTL
+    try:
+        ttl = float(raw)
+    except ValueError:
+        ttl = 0.0
+    if not 1.0 <= ttl <= 3600.0:
+        raise ConfigError(f"{LEASE_TTL_ENV}={raw!r}: give seconds between 1 and 3600 (default 30)")
+    return ttl
 _log = logging.getLogger(__name__)
 
 
@@ -77,13 +94,13 @@ class Lease:
 @contextmanager
 def run_lease(
     ref: RunRef,
-    ttl: float = LEASE_TTL,
+    ttl: float | None = None,
     logger: logging.Logger | logging.LoggerAdapter[Any] | None = None,
 ) -> Iterator[Lease]:
     """Hold the run's lease (renewed in the background) so only one driver runs it.
 
-    ``logger``: where to say that a dead driver's lease is waited out
-    (the flow's run logger).
+    ``ttl``: seconds, default :func:`lease_ttl`. ``logger``: where to say
+    that a dead driver's lease is waited out (the flow's run logger).
 
     A lease left by a driver on this host that has died is waited out (at
     most ``ttl`` seconds) instead of refused. The lease's generation fences
@@ -92,6 +109,7 @@ def run_lease(
     paused past it and another driver took the run) stops renewing and sets
     :attr:`Lease.lost`; from then on every fenced write is refused.
     """
+    ttl = lease_ttl() if ttl is None else ttl
     ledger, owner = ref.ledger(fenced=False), _owner()
     log = logger if logger is not None else _log
     deadline = time.monotonic() + ttl + 5

@@ -1,0 +1,158 @@
+"""A driver paused past its lease (SIGSTOP) while another resumes the run, then continued.
+
+Each trial: ``vcdl train`` (driver A) runs until the head reaches a random
+version; A is SIGSTOPped (its workers go on); once its lease has expired
+and a random while more has passed, ``vcdl resume`` (driver B) takes the
+run over; once B has merged a random number of versions, A is continued.
+Then:
+
+* A stops: it exits non-zero within a renewal interval and a poll of its
+  epoch loop (plus its cluster's shutdown), naming the driver that took over;
+* nothing A did after waking reached the ledger: no version of A's lease
+  generation was created after A was continued;
+* B finishes the run, which audits clean (deep: every kept version's bytes
+  against its checksums) with every subtask merged exactly once.
+
+Before fencing, one trial in three tore the head and two made duplicates
+(vcdl/ledger/fence.py). The trials' random points are drawn from a seed the
+test prints, so a failure can be replayed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks.cli_proc import log_tail, reap, start_vcdl
+from tests.driverwait import wait_for_run
+from vcdl import api
+from vcdl.ledger import Ledger
+from vcdl.store.paths import group_generation
+from vcdl.views.audit import audit_run
+
+pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(900), pytest.mark.alone]
+
+TTL = 4.0  # the drivers' lease (VCDL_LEASE_TTL): renewed every TTL/3 s
+EPOCHS = 6
+CONFIG = f"""
+[run]
+name = "fence"
+epochs = {EPOCHS}
+seed = 5
+
+[data]
+name = "mnist1d"
+samples = 4000
+shards = 6
+
+[model]
+factory = "cnn1d"
+kwargs = {{ width = 16 }}
+
+[train]
+local_epochs = 2
+
+[cluster]
+workers = 2
+"""
+
+
+def trial(tmp_path: Path, prefect_api_url: str, rng: random.Random) -> None:
+    home = tmp_path / "home"
+    cfg = tmp_path / "fence.toml"
+    cfg.write_text(CONFIG)
+    env = {"PREFECT_API_URL": prefect_api_url, "VCDL_LEASE_TTL": str(TTL)}
+    db = home / "ledger.db"
+    pause_at = rng.randint(1, 2 * 6)  # a head version in the first two epochs
+    extra = rng.uniform(0.0, 6.0)  # how long past the lease A stays paused
+    b_merges = rng.randint(0, 4)  # versions B merges before A wakes
+    print(f"pause A at v{pause_at}, {extra:.1f} s past its lease; B merges {b_merges} first")
+
+    a = start_vcdl(home, "train", str(cfg), env=env)
+    b = None
+    try:
+        wait_for_run(
+            a,
+            db,
+            "fence",
+            lambda run: run.head_version >= pause_at,
+            timeout=300,
+            tail=lambda: log_tail(home, "train"),
+            poll=0.2,
+        )
+        os.kill(a.pid, signal.SIGSTOP)
+        ledger = Ledger(f"sqlite:///{db}")
+        a_run = ledger.get_run("fence")
+        a_gen, a_owner = a_run.lease_generation, a_run.lease_owner
+        time.sleep(TTL + 0.5 + extra)
+        b = start_vcdl(home, "resume", "fence", env=env)
+        taken = wait_for_run(
+            b,
+            db,
+            "fence",
+            lambda run: run.lease_generation > a_gen,
+            timeout=120,
+            tail=lambda: log_tail(home, "resume"),
+            poll=0.2,
+        )
+        if b_merges:
+            wait_for_run(
+                b,
+                db,
+                "fence",
+                lambda run: (
+                    run.head_version >= taken.head_version + b_merges or run.state == "completed"
+                ),
+                timeout=300,
+                tail=lambda: log_tail(home, "resume"),
+                poll=0.2,
+            )
+        woke = time.time()
+        os.kill(a.pid, signal.SIGCONT)
+        a.wait(timeout=60)
+        a_exit_after = time.time() - woke
+        b.wait(timeout=600)
+    finally:
+        reap(a)
+        if b is not None:
+            reap(b)
+    a_log, b_log = log_tail(home, "train", 6000), log_tail(home, "resume", 6000)
+    print(f"A exited {a.returncode} {a_exit_after:.1f} s after it was continued")
+    assert b.returncode == 0, b_log
+    assert a.returncode != 0, a_log
+    b_owner = ledger.get_run("fence").lease_owner  # None: B let it go at its end
+    assert "taken over by" in a_log and "LeaseLost" in a_log, a_log
+    assert b_owner is None and taken.lease_owner is not None
+    assert taken.lease_owner in a_log, a_log  # it names the driver that took over
+    assert taken.lease_owner != a_owner
+    # A stops within a renewal interval and a poll, plus its cluster's shutdown.
+    assert a_exit_after < 45, a_log
+
+    # Nothing A did after it woke reached the ledger.
+    late = [
+        v.number
+        for v in ledger.versions("fence")
+        if v.created_at.timestamp() > woke and group_generation(v.uri.rsplit("/", 1)[-1]) == a_gen
+    ]
+    assert late == [], late
+
+    status = api.status("fence", home=home)
+    assert status["state"] == "completed" and status["epochs_completed"] == EPOCHS
+    ref = api.run_ref("fence", home=home)
+    assert audit_run(ref, deep=True) == []
+    merged = [v.subtask_id for v in ledger.versions("fence") if v.subtask_id is not None]
+    assert len(merged) == len(set(merged)) == EPOCHS * 6
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_driver_paused_past_its_lease_stops_and_the_run_survives(
+    tmp_path: Path, prefect_api_url: str, seed: int
+) -> None:
+    drawn = int(os.environ.get("VCDL_FENCE_SEED", "0")) * 1000 + seed
+    print(f"seed {drawn} (VCDL_FENCE_SEED={drawn // 1000} replays this set)")
+    trial(tmp_path, prefect_api_url, random.Random(drawn))
