@@ -116,3 +116,22 @@ def phase_means(attempts: list[Attempt]) -> dict[str, float]:
 def checkpoint_failures(attempts: list[Attempt]) -> int:
     """Checkpoint writes that failed, over every attempt that recorded its end."""
     return sum(int(attempt_timings(a).get(FAILURES_KEY, 0)) for a in attempts)
+
+
+def listed_run(run: Any) -> dict[str, Any]:
+    """A run as ``vcdl runs --json`` lists it (a row of :meth:`Ledger.list_runs`)."""
+    try:
+        epochs: int | None = RunConfig.model_validate_json(run.config).run.epochs
+    except ValueError:  # a config an older vcdl wrote: the listing still shows the run
+        epochs = None
+    return {
+        "name": run.name,
+        "state": run.state,
+        "epochs": epochs,
+        "epochs_completed": run.epochs_completed,
+        "head_version": run.head_version,
+        "parent_run": run.parent_run,
+        "parent_version": run.parent_version,
+        "created_at": run.created_at.isoformat(),
+        "updated_at": run.updated_at.isoformat(),
+    }
