@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from vcdl.cli import _parser, main
+from vcdl.cli import main
 from vcdl.cli.completion import command_tree, completion_script
 from vcdl.cli.json_output import emit, json_mode
+from vcdl.cli.parser import build_parser
 from vcdl.config import parse_config
 from vcdl.driver.assimilator import merge_attempt
 from vcdl.driver.runs import prepare_run
@@ -179,7 +180,7 @@ def test_json_mode_sends_stray_output_to_stderr(capfd: pytest.CaptureFixture[str
 
 
 def _subcommands() -> list[str]:
-    tree = command_tree(_parser())
+    tree = command_tree(build_parser())
     names = [c.name for c in tree.subcommands]
     names += [s.name for c in tree.subcommands for s in c.subcommands]
     return names
@@ -216,7 +217,7 @@ def test_bash_completion(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 @pytest.mark.parametrize(("shell", "option"), [("zsh", "'--json'"), ("fish", "-l json")])
 def test_other_shells_name_every_command(shell: str, option: str) -> None:
     # Neither shell is installed here: their scripts are checked for content only.
-    script = completion_script(_parser(), shell)
+    script = completion_script(build_parser(), shell)
     for name in _subcommands():
         assert name in script, name
     assert option in script

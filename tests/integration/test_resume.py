@@ -217,7 +217,7 @@ def test_failed_checkpoint_writes_reach_the_ledger_and_the_status(
 ) -> None:
     # A store that refuses every checkpoint (a full disk, a revoked S3 key):
     # training goes on, and the run's status says that kills now cost more.
-    from vcdl.cli import _print_summary
+    from vcdl.cli.runs import print_summary
     from vcdl.ledger import attempt_timings
     from vcdl.store import WeightStore
     from vcdl.views.status import phase_means, run_status
@@ -245,7 +245,7 @@ def test_failed_checkpoint_writes_reach_the_ledger_and_the_status(
     assert summary["checkpoint_failures"] == int(failed)
     assert FAILURES_KEY not in summary["phases"]  # a count, not seconds
     assert FAILURES_KEY not in phase_means(ref.ledger().attempts(ref.run))
-    _print_summary(summary, as_json=False)
+    print_summary(summary, as_json=False)
     assert f"warning: {int(failed)} checkpoint write(s) failed" in capsys.readouterr().out
 
 

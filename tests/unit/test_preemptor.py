@@ -30,17 +30,20 @@ def test_preempt_start_reaches_the_simulator_schedule() -> None:
     """`vcdl train --preempt-start S`: a short run sees its first event S seconds in."""
     from flows.train import ChaosSpec
     from vcdl.chaos import chaos_schedule
-    from vcdl.cli import _parser, chaos_of
+    from vcdl.cli.parser import build_parser
+    from vcdl.cli.train import chaos_of
 
-    args = _parser().parse_args(["train", "x.toml", "--preempt", "2", "--preempt-start", "0.5"])
+    args = build_parser().parse_args(
+        ["train", "x.toml", "--preempt", "2", "--preempt-start", "0.5"]
+    )
     spec = ChaosSpec.model_validate(chaos_of(args))
     assert spec.start_after == 0.5
     events = chaos_schedule(spec.rate, 60, spec.seed, spec.notice_fraction, spec.start_after)
     assert events and events[0].at >= 0.5
     # Without the option the default holds; without --preempt there is no simulator.
-    default = _parser().parse_args(["train", "x.toml", "--preempt", "2"])
+    default = build_parser().parse_args(["train", "x.toml", "--preempt", "2"])
     assert ChaosSpec.model_validate(chaos_of(default)).start_after == 5.0
-    assert chaos_of(_parser().parse_args(["train", "x.toml"])) is None
+    assert chaos_of(build_parser().parse_args(["train", "x.toml"])) is None
 
 
 def test_sent_counts_reads_what_a_simulator_log_says_was_sent(tmp_path: Path) -> None:

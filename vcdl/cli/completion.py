@@ -1,4 +1,4 @@
-"""Shell completion scripts for ``vcdl``, written from its argparse parser.
+"""``vcdl completion``: shell completion scripts for ``vcdl``, written from its argparse parser.
 
 :func:`command_tree` reads the parser's subcommands, options and choices;
 the ``bash``, ``zsh`` and ``fish`` writers turn that tree into a script.
@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vcdl.cli.parser import Parents, Subparsers
 
 
 @dataclass
@@ -249,3 +254,18 @@ WRITERS: dict[str, Callable[[Command], str]] = {"bash": _bash, "zsh": _zsh, "fis
 def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
     """The completion script for ``shell`` (bash, zsh or fish) of ``parser``'s commands."""
     return WRITERS[shell](command_tree(parser))
+
+
+def add_parsers(sub: Subparsers, parents: Parents) -> None:
+    comp = sub.add_parser(
+        "completion",
+        help="print a shell completion script, e.g. `vcdl completion bash > ~/.vcdl.bash`",
+    )
+    comp.add_argument("shell", choices=["bash", "zsh", "fish"])
+
+
+def completion_command(args: argparse.Namespace) -> int:
+    from vcdl.cli.parser import build_parser
+
+    sys.stdout.write(completion_script(build_parser(), args.shell))
+    return 0

@@ -1,0 +1,74 @@
+"""The ``vcdl`` argument parser: its shared options, and each command group's own parsers.
+
+:func:`build_parser` makes the top-level parser and the parents commands
+share (:class:`Parents`), then lets each command module add its commands
+(``add_parsers``), in the order ``vcdl --help`` lists them. A bad command
+line raises :class:`UsageError`, which :func:`vcdl.cli.main` reports as
+text or as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NoReturn
+
+from vcdl.cli.json_output import JSON_OPTION
+
+
+class UsageError(Exception):
+    """Bad command line; :func:`vcdl.cli.main` says so as text or as JSON."""
+
+    def __init__(self, message: str, usage: str) -> None:
+        super().__init__(message)
+        self.message, self.usage = message, usage
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, self.format_usage())
+
+
+if TYPE_CHECKING:
+    #: What ``add_subparsers`` returns: where a command module adds its commands.
+    Subparsers = argparse._SubParsersAction[Parser]
+
+
+@dataclass(frozen=True)
+class Parents:
+    """Parent parsers the commands share."""
+
+    #: ``--home`` and ``--ledger``.
+    common: Parser
+    #: ``--json``: a command that reports takes it and hands its document to
+    #: :func:`vcdl.cli.json_output.report`.
+    json: Parser
+
+    @property
+    def reporting(self) -> list[Parser]:
+        """What a command that reads a run's state takes: ``--home``, ``--ledger``, ``--json``."""
+        return [self.common, self.json]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # Here, not at the top: the command modules import this module's classes.
+    from vcdl.cli import chaos, completion, data, export, runs, serve, train
+
+    common = Parser(add_help=False)
+    common.add_argument(
+        "--home", help="state directory (default: $VCDL_HOME or ./.vcdl)", default=None
+    )
+    common.add_argument(
+        "--ledger", help="ledger URL for existing runs (default: sqlite under --home)"
+    )
+    parents = Parents(common=common, json=Parser(add_help=False, parents=[JSON_OPTION]))
+    p = Parser(prog="vcdl", description="VC-ASGD training on preemptible machines.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+    train.add_parsers(sub, parents)
+    chaos.add_parsers(sub, parents)
+    runs.add_parsers(sub, parents)
+    export.add_parsers(sub, parents)
+    serve.add_parsers(sub, parents)
+    data.add_parsers(sub, parents)
+    completion.add_parsers(sub, parents)
+    return p

@@ -1,0 +1,171 @@
+"""``vcdl train`` and ``vcdl resume``: run the ``vcdl-train`` flow, its progress on the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+from vcdl.chaos import DEFAULT_START
+from vcdl.cli.parser import Parser
+from vcdl.cli.runs import print_summary
+from vcdl.config import resolve_home
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from vcdl.cli.parser import Parents, Subparsers
+    from vcdl.config import RunConfig
+
+
+def add_parsers(sub: Subparsers, parents: Parents) -> None:
+    chaos_opts = Parser(add_help=False)
+    chaos_opts.add_argument(
+        "--preempt",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="simulate spot preemptions: worker kills/notices per second (Poisson)",
+    )
+    chaos_opts.add_argument(
+        "--preempt-notices",
+        type=float,
+        default=0.25,
+        metavar="FRACTION",
+        help="share of events that are notices (SIGTERM, then a kill); default 0.25",
+    )
+    chaos_opts.add_argument(
+        "--preempt-grace",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="seconds from a notice to its kill (default 2)",
+    )
+    chaos_opts.add_argument(
+        "--preempt-seed", type=int, default=0, metavar="N", help="seed of the schedule and victims"
+    )
+    chaos_opts.add_argument(
+        "--preempt-start",
+        type=float,
+        default=DEFAULT_START,
+        metavar="SECONDS",
+        help=f"seconds from the cluster's start to the first event (default {DEFAULT_START:g})",
+    )
+    chaos_opts.add_argument("--preempt-log", metavar="FILE", help="JSON-lines file of every event")
+    t = sub.add_parser(
+        "train",
+        parents=[parents.common, chaos_opts, parents.json],
+        help="train (or resume) a run from a TOML config",
+    )
+    t.add_argument("config", help="run config (TOML), e.g. examples/mnist1d.toml")
+    t.add_argument("--run", help="run name (default: run.name, else the file name)")
+    t.add_argument("--workers", type=int, help="LocalCluster worker processes")
+    t.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value (repeatable), e.g. --set train.lr=0.01",
+    )
+    t.add_argument("-v", "--verbose", action="store_true", help="show Prefect's own logs")
+
+    r = sub.add_parser(
+        "resume",
+        parents=[parents.common, chaos_opts, parents.json],
+        help="continue a run from the ledger's state",
+    )
+    r.add_argument("run")
+    r.add_argument("--workers", type=int)
+    r.add_argument("-v", "--verbose", action="store_true")
+    for parser in (t, r):
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            metavar="PORT",
+            help="serve the run's Prometheus metrics on PORT (metrics.port; see metrics.address)",
+        )
+
+
+def chaos_of(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The preemption simulator a ``train``/``resume`` asks for (flows.train.ChaosSpec), or None."""
+    if args.preempt <= 0:
+        return None
+    return {
+        "rate": args.preempt,
+        "notice_fraction": args.preempt_notices,
+        "grace": args.preempt_grace,
+        "seed": args.preempt_seed,
+        "start_after": args.preempt_start,
+        "log": args.preempt_log,
+    }
+
+
+def _check_chaos(args: argparse.Namespace) -> None:
+    from vcdl import api
+
+    api.check_chaos(
+        ("--preempt", args.preempt),
+        ("--preempt-notices", args.preempt_notices),
+        ("--preempt-grace", args.preempt_grace),
+        start=("--preempt-start", args.preempt_start),
+    )
+
+
+def _port(args: argparse.Namespace) -> list[str]:
+    # Checked (a port in use, too) with the rest of the config, before anything is written.
+    return [] if args.metrics_port is None else [f"metrics.port={args.metrics_port}"]
+
+
+def train_command(args: argparse.Namespace) -> int:
+    from vcdl import api
+
+    _check_chaos(args)
+    home = resolve_home(args.home)
+    cfg = api.resolve(
+        args.config,
+        run_name=args.run,
+        workers=args.workers,
+        overrides=[*args.overrides, *_port(args)],
+        home=home,
+    )
+    return _run(args, cfg, home)
+
+
+def resume_command(args: argparse.Namespace) -> int:
+    from vcdl import api
+
+    _check_chaos(args)
+    home = resolve_home(args.home)
+    recorded = api.recorded_config(args.run, home=args.home, ledger_url=args.ledger)
+    cfg = api.resolve(recorded, workers=args.workers, overrides=_port(args), home=home)
+    return _run(args, cfg, home)
+
+
+def _run(args: argparse.Namespace, cfg: RunConfig, home: Path) -> int:
+    from vcdl import api
+    from vcdl.views.datasets import baseline_line
+
+    # What an interrupt's message names: `vcdl resume NAME` (see main).
+    args.resumable = cfg.run.name
+    if cfg.cluster.address:
+        # Before the run is recorded: a mistyped address or a scheduler not yet
+        # up is one line now, not a traceback after the connect timeout.
+        api.check_scheduler(cfg.cluster.address)
+    api.prepare_prefect(home)
+    assert cfg.run.name is not None and cfg.ledger.url is not None
+    where = cfg.cluster.address or f"{cfg.cluster.workers} local workers"
+    print(
+        f"vcdl: run {cfg.run.name}: {cfg.run.epochs} epochs × {cfg.data.shards} shards of "
+        f"'{cfg.data.name}', model {cfg.model.factory}, on {where}; state in {home}",
+        file=sys.stderr,
+    )
+    summary = api.run_on_terminal(
+        cfg, home, chaos_of(args), verbose=args.verbose, command=args.command
+    )
+    print_summary(summary, args.json)
+    if not args.json:
+        baseline = baseline_line(cfg, summary)
+        if baseline is not None:
+            print(baseline)
+    return 0 if summary["state"] == "completed" else 1
