@@ -1,5 +1,8 @@
 """What the docs and the packages' docstrings name exists: no map of the code points at nothing.
 
+docs/design.md's tree of the pieces is checked both ways: every entry exists,
+and every module and package of ``vcdl/`` is in it.
+
 The restructure moved modules and the docs kept naming the old places
 (``vcdl/driver/budget.py``, ``vcdl/prices.toml``) for three stops. A reader
 who follows a path and finds nothing stops trusting the rest.
@@ -44,6 +47,54 @@ def test_the_gone_paths_are_still_named_and_still_gone() -> None:
     for path in GONE:
         assert path in named, f"{path} is no longer named: drop it from GONE"
         assert not (REPO / path).exists(), f"{path} exists again: drop it from GONE"
+
+
+def _design_tree() -> list[tuple[str, str]]:
+    """docs/design.md §2's tree as (parent, name) pairs: "" for a top-level entry.
+
+    The tree is an indented block: top-level entries at 4 spaces, their
+    children at 6, each followed by its description; the description's
+    continuation lines are further in. "api.py, cli" names two entries.
+    """
+    text = (REPO / "docs" / "design.md").read_text()
+    section = text.split("\n## 2. ", 1)[1].split("\n## ", 1)[0]
+    entries: list[tuple[str, str]] = []
+    parent = ""
+    for line in section.splitlines():
+        m = re.match(r"^( {4}| {6})([^\s,]+(?:, [^\s,]+)*)(?: +\S.*)?$", line)
+        if not m:
+            continue
+        for name in m.group(2).split(", "):
+            if len(m.group(1)) == 4:
+                parent = name
+                entries.append(("", name))
+            else:
+                entries.append((parent, name))
+    return entries
+
+
+def _exists(parent: str, name: str) -> bool:
+    """A directory ("x/"), a file ("x.py"), or either for a bare name ("cli")."""
+    where = REPO / parent
+    if name.endswith("/"):
+        return (where / name).is_dir()
+    return (where / name).exists() or (where / f"{name}.py").is_file()
+
+
+def test_the_design_tree_names_what_exists() -> None:
+    entries = _design_tree()
+    assert ("", "vcdl/") in entries and ("", "flows/") in entries, "design.md §2 has no tree"
+    missing = [f"{parent}{name}" for parent, name in entries if not _exists(parent, name)]
+    assert missing == [], f"docs/design.md §2 names what does not exist: {missing}"
+
+
+def test_the_design_tree_names_every_module_of_vcdl() -> None:
+    tree = _design_tree()
+    named = {name.removesuffix("/").removesuffix(".py") for p, name in tree if p == "vcdl/"}
+    vcdl = REPO / "vcdl"
+    modules = {p.stem for p in vcdl.glob("*.py") if p.stem != "__init__"}
+    modules |= {p.name for p in vcdl.iterdir() if (p / "__init__.py").is_file()}
+    assert sorted(modules - named) == [], "docs/design.md §2's tree leaves these out"
 
 
 def _packages() -> list[Path]:
