@@ -2,8 +2,9 @@
 
 :mod:`.weights` (the store), :mod:`.streaming` (a group read and written a
 few tensors at a time), :mod:`.layout` (the packed format 2),
-:mod:`.files` (local chunk I/O), :mod:`.legacy` (format 1 reader),
-:mod:`.paths` (where a run's groups live).
+:mod:`.arrays` (one array and the stored dtypes), :mod:`.files` (local
+chunk I/O), :mod:`.legacy` (format 1 reader), :mod:`.paths` (where a run's
+groups live).
 """
 
 from __future__ import annotations

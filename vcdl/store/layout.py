@@ -5,11 +5,12 @@ checks of what a reader takes from a stored document must agree byte for
 byte, and are read together.
 
 This module owns the bytes-level plan of a state group: which Zarr v3 arrays
-hold which tensor at which offset, how those arrays are chunked, the JSON
-documents (array metadata, the group's ``zarr.json``), the checksums, and
-the validation of everything a reader takes from a stored document. The
-transport (local files, S3) is :mod:`vcdl.store`'s job; format 1 groups are
-read by :mod:`vcdl.store.legacy`.
+hold which tensor at which offset, how large those arrays' chunks are, the
+group's ``zarr.json``, the checksums, and the validation of everything a
+reader takes from a stored document. One array's own metadata and the
+stored form of each dtype are :mod:`vcdl.store.arrays`'s; the transport
+(local files, S3) is :mod:`vcdl.store`'s job; format 1 groups are read by
+:mod:`vcdl.store.legacy`.
 
 Layout of one state group at ``<path>`` (Zarr v3, format 2)::
 
@@ -60,9 +61,19 @@ from typing import Any
 
 import numpy as np
 import torch
-from zarr.core.buffer import Buffer, default_buffer_prototype
+from zarr.core.buffer import Buffer
 
 from vcdl.errors import ChecksumMismatch, IntegrityError, StoreError
+from vcdl.store.arrays import (
+    PROTOTYPE,
+    ArrayLayout,
+    bits_dtype,
+    bytes_of,
+    is_int,
+    parse_array,
+    torch_dtype,
+    zarr_dtype,
+)
 from vcdl.types import StateDict
 
 FORMAT = 2
@@ -77,19 +88,13 @@ CHUNK_BYTES = 4 << 20
 """Target chunk size: few files per group, still several chunks to move in parallel."""
 
 ATTR = "vcdl"
-GROUP_DOC = "zarr.json"
-PROTOTYPE = default_buffer_prototype()
+"""The key of a state group's own record in its document's attributes."""
 EMPTY_GROUP_DOC = json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}).encode()
 
 # Tensors smaller than this are hashed together in one worker-thread job: a
 # thread hop costs ~50-100 us on a busy machine, 320 of them ~30 ms.
 HASH_BATCH_BYTES = 4 << 20
 
-# Torch dtypes numpy cannot hold (bfloat16, float8, complex32) are stored as
-# their raw bits in an integer type of the same width and viewed back.
-_BITS_BY_ITEMSIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-# Zarr v3 JSON fill values (padding of the last chunk; never part of a tensor).
-_FILL_BY_KIND: dict[str, Any] = {"b": False, "c": [0.0, 0.0], "f": 0.0}
 # What an array node name recorded in a group may look like (a dtype name).
 _NODE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}")
 
@@ -144,100 +149,11 @@ def buffer(data: bytes) -> Buffer:
     return PROTOTYPE.buffer.from_bytes(data)
 
 
-# -------------------------------------------------------------------- arrays
-
-
-@dataclass
-class ArrayLayout:
-    """One flat array of a group: its Zarr metadata and its chunking."""
-
-    node: str
-    data_type: str
-    itemsize: int
-    length: int
-    chunk_elems: int
-
-    @property
-    def chunk_bytes(self) -> int:
-        return self.chunk_elems * self.itemsize
-
-    @property
-    def nchunks(self) -> int:
-        return -(-self.length // self.chunk_elems)
-
-    @property
-    def data_bytes(self) -> int:
-        return self.length * self.itemsize
-
-    def chunk_key(self, j: int) -> str:
-        return f"c.{j}"
-
-    @classmethod
-    def plan(cls, node: str, data_type: str, itemsize: int, length: int) -> ArrayLayout:
-        k = max(1, -(-length * itemsize // CHUNK_BYTES))
-        return cls(node, data_type, itemsize, length, max(1, -(-length // k)))
-
-    def meta(self) -> tuple[dict[str, Any], bytes]:
-        """The array's Zarr v3 metadata: the document and its bytes."""
-        return _array_meta(self.length, self.chunk_elems, self.data_type)
-
-
-@functools.lru_cache(maxsize=256)
-def _array_meta(length: int, chunk: int, data_type: str) -> tuple[dict[str, Any], bytes]:
-    # Built with zarr's own metadata class, so the document is valid by zarr's rules.
-    from zarr.core.metadata.v3 import ArrayV3Metadata
-
-    meta = ArrayV3Metadata.from_dict(
-        {
-            "zarr_format": 3,
-            "node_type": "array",
-            "shape": [length],
-            "data_type": data_type,
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [chunk]}},
-            # "." keeps chunks as files beside zarr.json, not in a c/ directory.
-            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "."}},
-            "fill_value": _FILL_BY_KIND.get(np.dtype(data_type).kind, 0),
-            "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
-            "attributes": {},
-        }
-    )
-    return meta.to_dict(), meta.to_buffer_dict(PROTOTYPE)[GROUP_DOC].to_bytes()
-
-
-def _parse_array(meta: Mapping[str, Any], node: str, uri: str) -> ArrayLayout:
-    """An :class:`ArrayLayout` from stored metadata, refusing anything not ours."""
-    try:
-        shape, chunks = meta["shape"], meta["chunk_grid"]["configuration"]["chunk_shape"]
-        codecs, encoding = meta["codecs"], meta["chunk_key_encoding"]
-        plain = (
-            isinstance(shape, list)
-            and len(shape) == 1
-            and _is_int(shape[0])
-            and shape[0] >= 0
-            and meta["chunk_grid"]["name"] == "regular"
-            and isinstance(chunks, list)
-            and len(chunks) == 1
-            and _is_int(chunks[0])
-            and chunks[0] >= 1
-            and isinstance(codecs, list)
-            and len(codecs) == 1
-            and isinstance(codecs[0], dict)
-            and codecs[0].get("name") == "bytes"
-            and (codecs[0].get("configuration") or {}).get("endian", "little") == "little"
-            and isinstance(encoding, dict)
-            and encoding.get("name") == "default"
-            and (encoding.get("configuration") or {}).get("separator") == "."
-        )
-        data_type = meta["data_type"]
-        np_dtype = np.dtype(data_type) if isinstance(data_type, str) else None
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        raise IntegrityError(f"{uri}: metadata of array {node!r} is malformed: {exc}") from exc
-    if not plain or np_dtype is None or np_dtype.kind not in "biufc" or np_dtype.itemsize < 1:
-        raise IntegrityError(
-            f"{uri}: array {node!r} is not in vcdl's layout (flat, uncompressed, '.' chunk "
-            "keys); was it rewritten by another tool?"
-        )
-    return ArrayLayout(node, np_dtype.name, np_dtype.itemsize, shape[0], chunks[0])
+def plan_array(node: str, data_type: str, itemsize: int, length: int) -> ArrayLayout:
+    """An array of ``length`` elements in ``k = ceil(bytes / CHUNK_BYTES)`` chunks of equal
+    element count (the last one padded by fewer than ``k`` elements)."""
+    k = max(1, -(-length * itemsize // CHUNK_BYTES))
+    return ArrayLayout(node, data_type, itemsize, length, max(1, -(-length // k)))
 
 
 # ------------------------------------------------------------------- writing
@@ -326,7 +242,7 @@ def plan_write(state: StateDict, uri: str) -> WritePlan:
             raise StoreError(f"writing {uri}: tensor names must be non-empty strings: {name!r}")
         if not isinstance(tensor, torch.Tensor):
             raise StoreError(f"writing {uri}: {name!r} is a {type(tensor).__name__}, not a tensor")
-        array = _bytes_of(name, tensor, uri)
+        array = bytes_of(name, tensor, uri)
         dtype_name = str(tensor.dtype).removeprefix("torch.")
         offset = lengths.get(dtype_name, 0)
         lengths[dtype_name] = offset + array.size
@@ -337,51 +253,12 @@ def plan_write(state: StateDict, uri: str) -> WritePlan:
     for node, length in lengths.items():
         np_dtype = stored[node]
         try:
-            layout = ArrayLayout.plan(node, _zarr_dtype(np_dtype), np_dtype.itemsize, length)
+            layout = plan_array(node, zarr_dtype(np_dtype), np_dtype.itemsize, length)
             layout.meta()  # let zarr judge the dtype now
         except (TypeError, ValueError) as exc:  # a dtype zarr cannot describe
             raise StoreError(f"cannot store tensors of dtype {node}: {exc}") from exc
         plan.arrays[node] = layout
     return plan
-
-
-def _bytes_of(name: str, tensor: torch.Tensor, uri: str) -> np.ndarray:
-    """The tensor's data as a contiguous little-endian numpy array (a view if possible)."""
-    if tensor.layout != torch.strided or tensor.is_quantized:
-        raise StoreError(f"writing {uri}: tensor {name!r} is {tensor.layout}; only dense tensors")
-    try:
-        t = tensor.detach().cpu().resolve_conj().resolve_neg().contiguous()
-    except (RuntimeError, NotImplementedError) as exc:  # e.g. meta tensors
-        raise StoreError(f"writing {uri}: tensor {name!r} cannot be copied to CPU: {exc}") from exc
-    bits = bits_dtype(t.dtype)
-    array = (t.view(bits) if bits is not None else t).numpy()
-    if sys.byteorder != "little":  # Zarr's bytes codec and the checksums are little-endian
-        array = array.astype(array.dtype.newbyteorder("<"))
-    return array
-
-
-@functools.cache
-def bits_dtype(dtype: torch.dtype) -> torch.dtype | None:
-    """The same-width integer dtype to store ``dtype``'s bits in, if numpy lacks it."""
-    try:
-        torch.empty(0, dtype=dtype).numpy()
-    except TypeError:
-        bits = _BITS_BY_ITEMSIZE.get(dtype.itemsize)
-        if bits is None:
-            raise StoreError(f"cannot store tensors of dtype {dtype}") from None
-        return bits
-    return None
-
-
-def _zarr_dtype(dtype: np.dtype) -> str:
-    return np.dtype(dtype).newbyteorder("=").name
-
-
-def torch_dtype(name: object, uri: str, tensor: str) -> torch.dtype:
-    dtype = getattr(torch, name, None) if isinstance(name, str) else None
-    if not isinstance(dtype, torch.dtype):
-        raise IntegrityError(f"{uri}: tensor {tensor!r} records unknown dtype {name!r}")
-    return dtype
 
 
 def split(
@@ -531,10 +408,6 @@ class CheckedTable:
         return sum(a.data_bytes for a in self.arrays.values())
 
 
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def check_record(name: object, rec: object, uri: str) -> tuple[torch.dtype, tuple[int, ...], int]:
     """A record's dtype, shape and offset, refusing malformed ones. Pure, allocates nothing."""
     if not isinstance(name, str) or not name:
@@ -546,7 +419,7 @@ def check_record(name: object, rec: object, uri: str) -> tuple[torch.dtype, tupl
     if (
         not isinstance(shape, list)
         or len(shape) > MAX_DIMS
-        or not all(_is_int(s) and 0 <= s < MAX_ELEMENTS for s in shape)
+        or not all(is_int(s) and 0 <= s < MAX_ELEMENTS for s in shape)
         or not isinstance(offset, int)
         or isinstance(offset, bool)
         or not 0 <= offset < MAX_ELEMENTS
@@ -591,7 +464,7 @@ def check_records(
             meta = arrays_meta.get(node)
             if not isinstance(meta, dict):
                 raise IntegrityError(f"{uri}: no array metadata for {node!r} (tensor {name!r})")
-            layout = layouts[node] = _parse_array(meta, node, uri)
+            layout = layouts[node] = parse_array(meta, node, uri)
             floor = min(CHUNK_BYTES, MIN_CHUNK_BYTES) // 4
             if layout.length >= MAX_ELEMENTS or layout.chunk_bytes < min(layout.data_bytes, floor):
                 raise IntegrityError(
@@ -726,11 +599,13 @@ def corrupt(uri: str, name: str, array: str, offset: int) -> IntegrityError:
 
 
 def is_state_doc(doc: Mapping[str, Any]) -> bool:
+    """A group document with vcdl's record in its attributes (complete or not)."""
     attrs = doc.get("attributes")
     return doc.get("node_type") == "group" and isinstance(attrs, dict) and ATTR in attrs
 
 
 def is_complete(doc: Mapping[str, Any]) -> bool:
+    """The document of a state group whose write was committed."""
     if not is_state_doc(doc):
         return False
     vcdl = doc["attributes"][ATTR]
@@ -738,6 +613,7 @@ def is_complete(doc: Mapping[str, Any]) -> bool:
 
 
 def json_attrs(attrs: Mapping[str, Any] | None, uri: str) -> dict[str, Any]:
+    """A writer's ``attrs`` as the group document will hold them (a JSON round trip)."""
     if attrs is None:
         return {}
     try:

@@ -25,7 +25,8 @@ import torch
 from zarr.storage import FsspecStore, LocalStore
 
 from vcdl.errors import IntegrityError
-from vcdl.store.layout import ATTR, PROTOTYPE, digest, torch_dtype
+from vcdl.store.arrays import PROTOTYPE, torch_dtype
+from vcdl.store.layout import ATTR, digest
 from vcdl.types import StateDict
 
 

@@ -54,17 +54,12 @@ from zarr.storage import FsspecStore, LocalStore
 
 from vcdl.errors import IntegrityError, StoreError
 from vcdl.store import files as store_files
+from vcdl.store.arrays import GROUP_DOC, PROTOTYPE, ArrayLayout, bits_dtype, bytes_of, zarr_dtype
 from vcdl.store.layout import (
     ATTR,
-    GROUP_DOC,
-    PROTOTYPE,
-    ArrayLayout,
     CheckedTable,
     Packed,
     WritePlan,
-    _bytes_of,
-    _zarr_dtype,
-    bits_dtype,
     check_identity,
     check_records,
     combined_checksum,
@@ -74,6 +69,7 @@ from vcdl.store.layout import (
     is_state_doc,
     json_attrs,
     parents,
+    plan_array,
 )
 from vcdl.types import StateDict
 
@@ -372,9 +368,7 @@ class StateWriter:
             stored[node] = torch.empty(0, dtype=bits or s.dtype).numpy().dtype
             self._packed.append(Packed(s.name, node, s.shape, memoryview(b""), node, offset))
         self._arrays = {
-            node: _Array(
-                ArrayLayout.plan(node, _zarr_dtype(stored[node]), stored[node].itemsize, n), []
-            )
+            node: _Array(plan_array(node, zarr_dtype(stored[node]), stored[node].itemsize, n), [])
             for node, n in lengths.items()
         }
         store._run(self._begin(), "writing", self.uri)
@@ -429,7 +423,7 @@ class StateWriter:
                     f"{list(spec.shape)}, got {name!r} {tensor.dtype} {list(tensor.shape)}"
                 )
             self._next += 1
-            array = _bytes_of(name, tensor, self.uri)
+            array = bytes_of(name, tensor, self.uri)
             data = array.reshape(-1).view(np.uint8).data
             self._checksums.append(digest(data))
             if data.nbytes:
@@ -464,7 +458,7 @@ class StateWriter:
             )
         if self._rows == 0:
             self._hasher = hashlib.sha256()
-        array = _bytes_of(name, rows, self.uri)
+        array = bytes_of(name, rows, self.uri)
         data = array.reshape(-1).view(np.uint8).data
         self._hasher.update(data)
         if data.nbytes:

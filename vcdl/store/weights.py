@@ -74,13 +74,12 @@ from vcdl.errors import (
 )
 from vcdl.redact import redact_text, redact_url
 from vcdl.store import files as store_files
+from vcdl.store.arrays import GROUP_DOC, PROTOTYPE
 from vcdl.store.layout import (
     ATTR,
     CHECKSUM_ALGORITHM,
     EMPTY_GROUP_DOC,
     FORMAT,
-    GROUP_DOC,
-    PROTOTYPE,
     READABLE_FORMATS,
     CheckedTable,
     ChunkRead,
