@@ -38,7 +38,7 @@ from vcdl.views.audit import audit_run
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(900), pytest.mark.alone]
 
 TTL = 4.0  # the drivers' lease (VCDL_LEASE_TTL): renewed every TTL/3 s
-EPOCHS = 6
+EPOCHS = 4
 CONFIG = f"""
 [run]
 name = "fence"
@@ -126,7 +126,7 @@ def trial(tmp_path: Path, prefect_api_url: str, rng: random.Random) -> None:
     assert b.returncode == 0, b_log
     assert a.returncode != 0, a_log
     b_owner = ledger.get_run("fence").lease_owner  # None: B let it go at its end
-    assert "taken over by" in a_log and "LeaseLost" in a_log, a_log
+    assert "was taken over by driver" in a_log, a_log
     assert b_owner is None and taken.lease_owner is not None
     assert taken.lease_owner in a_log, a_log  # it names the driver that took over
     assert taken.lease_owner != a_owner
