@@ -8,9 +8,9 @@ This module owns the bytes-level plan of a state group: which Zarr v3 arrays
 hold which tensor at which offset, how large those arrays' chunks are, the
 group's ``zarr.json``, the checksums, and the validation of everything a
 reader takes from a stored document. One array's own metadata and the
-stored form of each dtype are :mod:`vcdl.store.arrays`'s; the transport
-(local files, S3) is :mod:`vcdl.store`'s job; format 1 groups are read by
-:mod:`vcdl.store.legacy`.
+stored form of each dtype are :mod:`vcdl.store.arrays`'s; moving the bytes
+(local files, S3) is :mod:`vcdl.store.groups`'s; format 1 groups are read
+by :mod:`vcdl.store.legacy`.
 
 Layout of one state group at ``<path>`` (Zarr v3, format 2)::
 
@@ -61,11 +61,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from zarr.core.buffer import Buffer
 
 from vcdl.errors import ChecksumMismatch, IntegrityError, StoreError
 from vcdl.store.arrays import (
-    PROTOTYPE,
     ArrayLayout,
     bits_dtype,
     bytes_of,
@@ -89,7 +87,6 @@ CHUNK_BYTES = 4 << 20
 
 ATTR = "vcdl"
 """The key of a state group's own record in its document's attributes."""
-EMPTY_GROUP_DOC = json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}).encode()
 
 # Tensors smaller than this are hashed together in one worker-thread job: a
 # thread hop costs ~50-100 us on a busy machine, 320 of them ~30 ms.
@@ -143,10 +140,6 @@ def consolidated_of(doc: Mapping[str, Any], uri: str) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise IntegrityError(f"{uri}: the group's consolidated metadata is malformed")
     return meta
-
-
-def buffer(data: bytes) -> Buffer:
-    return PROTOTYPE.buffer.from_bytes(data)
 
 
 def plan_array(node: str, data_type: str, itemsize: int, length: int) -> ArrayLayout:
@@ -620,8 +613,3 @@ def json_attrs(attrs: Mapping[str, Any] | None, uri: str) -> dict[str, Any]:
         return dict(json.loads(json.dumps(dict(attrs), allow_nan=True)))
     except (TypeError, ValueError) as exc:
         raise StoreError(f"writing {uri}: attrs must be JSON-serializable: {exc}") from exc
-
-
-def parents(rel: str) -> list[str]:
-    parts = rel.split("/")
-    return ["/".join(parts[:i]) for i in range(len(parts))]

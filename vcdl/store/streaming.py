@@ -24,18 +24,19 @@ it, :meth:`StateWriter.write_rows` writes them. So a model whose one tensor
 is most of its bytes (a language model's token embedding) still streams a
 batch at a time.
 
-Both are the store's own streaming half: they use its internals, which
-:class:`GroupStore` declares, and :class:`~vcdl.store.weights.WeightStore`
-hands itself to them (:meth:`~vcdl.store.weights.WeightStore.reader`,
+Both do their I/O through the store's group layer,
+:class:`~vcdl.store.groups.Groups`, as :class:`~vcdl.store.weights.WeightStore`
+does (the same crash-safe start, chunk transport and commit point); the
+store hands them its own (:meth:`~vcdl.store.weights.WeightStore.reader`,
 :meth:`~vcdl.store.weights.WeightStore.writer`).
 
 The writer keeps a reference to each tensor until the chunks holding its
 bytes are written (no copies): at most about one chunk per dtype beyond the
 tensors of the current call.
 
-Longer than ~500 lines on purpose: the reader, the writer and the batch plan
-are the two ends of one streamed format and the plan they both follow; apart,
-each would have to know the others' row and order rules.
+The reader, the writer and the batch plan are kept together: they are the
+two ends of one streamed format and the plan they both follow; apart, each
+would have to know the others' row and order rules.
 """
 
 from __future__ import annotations
@@ -43,21 +44,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
-import os
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import numpy as np
 import torch
-from zarr.storage import FsspecStore, LocalStore
 
 from vcdl.errors import IntegrityError, StoreError
-from vcdl.store import files as store_files
-from vcdl.store.arrays import GROUP_DOC, PROTOTYPE, ArrayLayout, bits_dtype, bytes_of, zarr_dtype
+from vcdl.store.arrays import ArrayLayout, bits_dtype, bytes_of, zarr_dtype
+from vcdl.store.groups import Groups
 from vcdl.store.layout import (
     ATTR,
-    CheckedTable,
     Packed,
     WritePlan,
     check_identity,
@@ -66,57 +64,11 @@ from vcdl.store.layout import (
     consolidated_of,
     corrupt,
     digest,
-    is_state_doc,
     json_attrs,
-    parents,
     plan_array,
+    plan_read,
 )
 from vcdl.types import StateDict
-
-_T = TypeVar("_T")
-
-
-class GroupStore(Protocol):
-    """What the reader and writer here use of :class:`~vcdl.store.weights.WeightStore`.
-
-    They are the store's own streaming half, split off for size: they reach
-    into its internals (the Zarr store, path checks, the I/O loop, the group
-    document's reads and its commit) as its own methods do. Declared here, the
-    contract is explicit and this module does not import ``weights``, which
-    imports it.
-    """
-
-    _store: LocalStore | FsspecStore
-    _url: str
-    _parents_known: set[str]
-
-    def _rel(self, path: str, allow_root: bool = False) -> str: ...
-
-    def shown(self, path: str = "") -> str: ...
-
-    def delete(self, path: str) -> None: ...
-
-    def _run(self, coro: Coroutine[Any, Any, _T], what: str, uri: str) -> _T: ...
-
-    async def _get_doc(self, rel: str) -> dict[str, Any] | None: ...
-
-    async def _complete_doc(self, rel: str, uri: str) -> dict[str, Any]: ...
-
-    async def _ensure_parent(self, parent: str) -> None: ...
-
-    async def _publish(self, rel: str, doc: bytes) -> None: ...
-
-    async def _read(
-        self,
-        rel: str,
-        uri: str,
-        verify: bool,
-        doc: dict[str, Any] | None = None,
-        only: Sequence[str] | None = None,
-        expect: str | None = None,
-        table: CheckedTable | None = None,
-        rows: tuple[int, int] | None = None,
-    ) -> StateDict: ...
 
 
 @dataclass(frozen=True)
@@ -228,14 +180,14 @@ class StateReader:
     """One complete state group, read a subset of tensors at a time (see the module)."""
 
     def __init__(
-        self, store: GroupStore, path: str, verify: bool = True, expect: str | None = None
+        self, groups: Groups, path: str, verify: bool = True, expect: str | None = None
     ) -> None:
-        self._store = store
-        self._rel = store._rel(path)
-        self.uri = store.shown(self._rel)  # for messages: redacted
+        self._groups = groups
+        self._rel = groups.rel(path)
+        self.uri = groups.shown(self._rel)  # for messages: redacted
         self.verify = verify
-        self._doc = store._run(store._complete_doc(self._rel, self.uri), "reading", self.uri)
-        vcdl = self._doc["attributes"][ATTR]
+        doc = groups.run(groups.complete_doc(self._rel, self.uri), "reading", self.uri)
+        vcdl = self._vcdl = doc["attributes"][ATTR]
         if vcdl.get("format") == 1:
             raise StoreError(
                 f"{self.uri} is a format 1 group; streamed reads need format 2 (read it whole)"
@@ -244,9 +196,8 @@ class StateReader:
             check_identity(vcdl, expect, self.uri)
         # The whole record table, checked before anything is allocated (bounds,
         # overlaps, sizes); every batch read later plans within it.
-        table = self._table = check_records(
-            vcdl.get("tensors"), consolidated_of(self._doc, self.uri), self.uri
-        )
+        self._meta = consolidated_of(doc, self.uri)
+        table = self._table = check_records(vcdl.get("tensors"), self._meta, self.uri)
         self._records: dict[str, Any] = vcdl["tensors"]
         self.specs = [TensorSpec(r.name, r.dtype, r.shape) for r in table.records.values()]
         attrs = vcdl.get("attrs")
@@ -266,13 +217,7 @@ class StateReader:
         missing = [n for n in wanted if n not in self._records]
         if missing:
             raise StoreError(f"{self.uri} has no tensor(s) {missing[:3]}")
-        return self._store._run(
-            self._store._read(
-                self._rel, self.uri, self.verify, doc=self._doc, only=wanted, table=self._table
-            ),
-            "reading",
-            self.uri,
-        )
+        return self._groups.run(self._read(wanted), "reading", self.uri)
 
     def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         """Rows ``[start, stop)`` of tensor ``name``; only the chunks that hold them are read.
@@ -302,19 +247,7 @@ class StateReader:
                         f"{self.uri}: rows of {name!r} read out of order (from {start}, "
                         f"expected {at}); they could not be verified"
                     )
-        got = self._store._run(
-            self._store._read(
-                self._rel,
-                self.uri,
-                self.verify,
-                doc=self._doc,
-                only=[name],
-                table=self._table,
-                rows=(start, stop),
-            ),
-            "reading",
-            self.uri,
-        )[name]
+        got = self._groups.run(self._read([name], (start, stop)), "reading", self.uri)[name]
         if hasher is not None:
             hasher.update(got.reshape(-1).view(torch.uint8).numpy().data)
             if stop < rec.shape[0]:
@@ -324,6 +257,13 @@ class StateReader:
                 if hasher.hexdigest() != rec.checksum:
                     raise corrupt(self.uri, name, rec.array, rec.offset)
         return got
+
+    async def _read(self, only: list[str], rows: tuple[int, int] | None = None) -> StateDict:
+        """The tensors named (rows of the one named), planned within the checked table."""
+        plan = await asyncio.to_thread(
+            plan_read, self._vcdl, self._meta, self.uri, only, self._table, rows
+        )
+        return await self._groups.read_tensors(self._rel, self.uri, plan, self.verify)
 
 
 @dataclass
@@ -341,14 +281,14 @@ class StateWriter:
 
     def __init__(
         self,
-        store: GroupStore,
+        groups: Groups,
         path: str,
         specs: Sequence[TensorSpec],
         attrs: Mapping[str, Any] | None = None,
     ) -> None:
-        self._store = store
-        self._rel = store._rel(path)
-        self.uri = store.shown(self._rel)  # for messages: redacted
+        self._groups = groups
+        self._rel = groups.rel(path)
+        self.uri = groups.shown(self._rel)  # for messages: redacted
         self._attrs = json_attrs(attrs, self.uri)
         self._specs = list(specs)
         self._next = 0
@@ -371,38 +311,11 @@ class StateWriter:
             node: _Array(plan_array(node, zarr_dtype(stored[node]), stored[node].itemsize, n), [])
             for node, n in lengths.items()
         }
-        store._run(self._begin(), "writing", self.uri)
-
-    @property
-    def _local_root(self) -> str | None:
-        if isinstance(self._store._store, LocalStore):
-            return os.path.join(self._store._url, self._rel)
-        return None
+        groups.run(self._begin(), "writing", self.uri)
 
     async def _begin(self) -> None:
-        store = self._store
-        existing = await store._get_doc(self._rel)
-        if existing is not None and not is_state_doc(existing):
-            raise StoreError(
-                f"{self.uri} holds a Zarr {existing.get('node_type', 'node')} that vcdl did "
-                "not write; refusing to overwrite it (delete it first if that is intended)"
-            )
-        await store._store.delete(f"{self._rel}/{GROUP_DOC}")
-        await store._store.delete_dir(self._rel)
-        for parent in parents(self._rel):
-            if parent not in store._parents_known:
-                await store._ensure_parent(parent)
-        root = self._local_root
-        for node, a in self._arrays.items():
-            meta = a.layout.meta()[1]
-            if root is not None:
-                await asyncio.to_thread(
-                    store_files.write_file, os.path.join(root, node, GROUP_DOC), meta
-                )
-            else:
-                await store._store.set(
-                    f"{self._rel}/{node}/{GROUP_DOC}", PROTOTYPE.buffer.from_bytes(meta)
-                )
+        metas = {node: a.layout.meta()[1] for node, a in self._arrays.items()}
+        await self._groups.begin(self._rel, self.uri, metas, "vcdl")
 
     def write(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """The next tensors of the state, in the order of the specs given at the start."""
@@ -494,30 +407,9 @@ class StateWriter:
                 a.pieces = _cut(a.pieces, hi, None)
                 a.next_chunk += 1
         if jobs:
-            self._store._run(self._put_chunks(jobs), "writing", self.uri)
+            self._groups.run(self._groups.put_chunks(self._rel, jobs), "writing", self.uri)
         if all(not a.pieces for a in self._arrays.values()):
             self._keep.clear()
-
-    async def _put_chunks(self, jobs: list[tuple[str, list[memoryview]]]) -> None:
-        root = self._local_root
-        if root is not None:
-            await asyncio.gather(
-                *(
-                    asyncio.to_thread(store_files.write_chunk, os.path.join(root, key), views)
-                    for key, views in jobs
-                )
-            )
-            return
-        store = self._store._store
-        await asyncio.gather(
-            *(
-                store.set(
-                    f"{self._rel}/{key}",
-                    PROTOTYPE.buffer.from_bytes(views[0] if len(views) == 1 else b"".join(views)),
-                )
-                for key, views in jobs
-            )
-        )
 
     def commit(self) -> str:
         """Write the last chunks and the group document (the commit point); the checksum."""
@@ -532,7 +424,7 @@ class StateWriter:
         self._done = True
         plan = WritePlan(self._packed, {n: a.layout for n, a in self._arrays.items()})
         doc = plan.group_doc(self._checksums, self._attrs)
-        self._store._run(self._store._publish(self._rel, doc), "writing", self.uri)
+        self._groups.run(self._groups.publish(self._rel, doc), "writing", self.uri)
         records = {
             p.name: {"dtype": p.dtype_name, "shape": list(p.shape), "checksum": c}
             for p, c in zip(self._packed, self._checksums, strict=True)
@@ -545,7 +437,7 @@ class StateWriter:
             return
         self._done = True
         self._keep.clear()
-        self._store.delete(self._rel)
+        self._groups.run(self._groups.delete(self._rel), "deleting", self.uri)
 
 
 def _cut(
