@@ -381,8 +381,12 @@ def collect_garbage(ref: RunRef, *, dry_run: bool = False) -> GcReport:
 
     # Never beside a live driver (it prunes as it merges, and may be evaluating
     # a version this pass would let go): gc holds the run's lease while it deletes.
-    with contextlib.nullcontext() if dry_run else run_lease(ref, ttl=GC_LEASE_TTL):
-        return collect(ref, ref.config(), dry_run=dry_run)
+    if dry_run:
+        return collect(ref, ref.config(), dry_run=True)
+    with run_lease(ref, ttl=GC_LEASE_TTL) as lease:
+        # Fenced: a gc paused past its lease deletes nothing once a driver took over.
+        leased = ref.leased(lease.generation)
+        return collect(leased, leased.config(), dry_run=False)
 
 
 def data_store(url: str | None, home: str | Path | None = None) -> WeightStore:

@@ -47,6 +47,8 @@ def lease_ttl() -> float:
     if not 1.0 <= ttl <= 3600.0:
         raise ConfigError(f"{LEASE_TTL_ENV}={raw!r}: give seconds between 1 and 3600 (default 30)")
     return ttl
+
+
 _log = logging.getLogger(__name__)
 
 
