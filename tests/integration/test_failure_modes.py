@@ -17,7 +17,7 @@ import torch
 from vcdl.config import RunConfig, parse_config
 from vcdl.driver.assimilator import merge_attempt
 from vcdl.driver.runs import clean_orphans, prepare_run
-from vcdl.errors import IntegrityError, LeaseHeld
+from vcdl.errors import HeadConflict, IntegrityError, LeaseHeld
 from vcdl.runtime import RunRef
 from vcdl.store.paths import checkpoint_path, result_path, versions_prefix
 from vcdl.views.audit import audit_run
@@ -247,3 +247,45 @@ def test_second_driver_is_refused(tmp_path: Path) -> None:
     ledger.acquire_lease(ref.run, "host-a:1:x", ttl_seconds=60)
     with pytest.raises(LeaseHeld, match="host-a"):
         ledger.acquire_lease(ref.run, "host-b:2:y", ttl_seconds=60)
+
+
+def test_a_partial_result_keeps_its_fraction_after_a_head_conflict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A head conflict makes the merge retry; the retry must blend the partial result at
+    the same α as the first try (it was blended at full weight once: the result's
+    planned samples were read from the wrong attributes after a retry)."""
+    ref, cfg = make_run(tmp_path, alpha=0.5)
+    cfg = cfg.updated(train={"batch_size": 10})
+    calls = {"n": 0}
+
+    def stop_after_three() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 3
+
+    out = run_attempt(ref, 0, 3, should_stop=stop_after_three, config=cfg)
+    assert out.state == "interrupted" and out.planned_samples
+    store, ledger = ref.store(), ref.ledger()
+    att = ledger.get_attempt(str(out.attempt_id))
+    assert att.result_uri is not None and att.samples == 30
+    head = store.read_state(ledger.head(ref.run).uri)
+    result = store.read_state(att.result_uri)
+    real = type(ledger).commit_merge
+    conflicts = {"n": 0}
+
+    def conflict_once(self: object, *args: object, **kwargs: object) -> object:
+        if conflicts["n"] == 0:
+            conflicts["n"] += 1
+            raise HeadConflict("another merger moved the head first")
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(ledger), "commit_merge", conflict_once)
+    merged = merge_attempt(ref, att.id, cfg)
+    assert merged.kind == "merged" and merged.retries == 1, merged
+    # vc_asgd at α = 0.5, the result counting for 30 of its planned samples.
+    blend = 1 - (1 - 0.5) * 30 / out.planned_samples
+    new = store.read_state(ledger.head(ref.run).uri)
+    for key, w in head.items():
+        if w.is_floating_point():
+            expect = blend * w + (1 - blend) * result[key]
+            torch.testing.assert_close(new[key], expect, msg=key)

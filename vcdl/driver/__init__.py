@@ -3,7 +3,8 @@
 The epoch's decisions, pure: :mod:`.epoch_events` (facts, events,
 instructions, the policy), :mod:`.epoch_state` (the state machine, the
 attempt budget included), :mod:`.dispatch` (where an attempt's time went).
-Merging: :mod:`.assimilator` (one result into the head), :mod:`.streamed`
+Merging: :mod:`.merge_plan` (the decision, pure: staleness, α, paths, attributes),
+:mod:`.assimilator` (one result into the head), :mod:`.streamed`
 (a batch of tensors at a time), :mod:`.fold` (waiting results in one
 version write, ``merge.fold``), :mod:`.head_cache`. The run:
 :mod:`.runs` (create, resume, evaluate, export), :mod:`.lease` (one driver

@@ -42,6 +42,7 @@ from typing import Any, Literal, cast
 from vcdl.config import RunConfig
 from vcdl.data import open_dataset
 from vcdl.driver.head_cache import HeadCache, head_cache
+from vcdl.driver.merge_plan import Candidate, Rejection, plan_merge
 from vcdl.driver.streamed import Decoded, streamed_check, streamed_merge
 from vcdl.errors import (
     AlreadyMerged,
@@ -51,14 +52,14 @@ from vcdl.errors import (
     StoreError,
     StoreNotFoundError,
 )
-from vcdl.ledger import Attempt, Version
+from vcdl.ledger import Attempt, Ledger, Version
 from vcdl.merge.checks import count_problem, metric_problem
 from vcdl.merge.codec import PRECISIONS, Precision
 from vcdl.merge.rules import merge_rule
 from vcdl.runtime import RunRef
 from vcdl.states import MERGEABLE_ATTEMPT_STATES
 from vcdl.store import WeightStore
-from vcdl.store.paths import rule_state_path, version_path, version_tag
+from vcdl.store.paths import rule_state_path
 from vcdl.store.streaming import TensorSource, specs_of
 from vcdl.types import StateDict
 
@@ -114,7 +115,8 @@ def merge_attempt(
     opened = open_result(ref, attempt, cfg, cache, timings)
     if isinstance(opened, str):
         return _reject(ref, attempt, opened, timings)
-    result, base, attrs = opened
+    result, base, result_attrs = opened
+    candidate = Candidate.of(attempt, result_attrs)
 
     for retry in range(max_retries):
         t = time.perf_counter()
@@ -124,21 +126,21 @@ def merge_attempt(
         head = cache.get(head_row, functools.partial(store.read_state, expect=head_row.checksum))
         timings["read_head"] = timings.get("read_head", 0.0) + time.perf_counter() - t
 
-        staleness = head_row.number - attempt.base_version
-        merged_in_epoch = sum(
-            1 for s in ledger.subtasks(ref.run, attempt.epoch) if s.state == "merged"
+        plan = plan_merge(
+            rule,
+            run=ref.run,
+            lease=ref.lease,
+            head=head_row.number,
+            epochs=cfg.run.epochs,
+            max_staleness=cfg.merge.max_staleness,
+            merged_in_epoch=merged_in(ledger, ref.run, attempt.epoch),
+            candidates=[candidate],
         )
-        alpha = rule.alpha(attempt.epoch, cfg.run.epochs, staleness, merged_in_epoch)
-        if alpha is None:
+        if isinstance(plan, Rejection):
             # A bad result is rejected as bad, not as stale.
             reason = streamed_check(rule, head, result)
-            return _reject(
-                ref,
-                attempt,
-                reason or f"stale: staleness {staleness} > {cfg.merge.max_staleness}",
-                timings,
-            )
-        blended = blend_alpha(attempt, attrs, alpha)
+            return _reject(ref, attempt, reason or plan.reason, timings)
+        step = plan.last
 
         if base is None and rule.reads_base:
             # The same whatever the head does meanwhile: found once, not at every
@@ -155,18 +157,7 @@ def merge_attempt(
             if rule.keeps_state
             else None
         )
-        number = head_row.number + 1
-        path = version_path(ref.run, number, version_tag(attempt.id, ref.lease))
-        attrs = {
-            "run": ref.run,
-            "number": number,
-            "parent": head_row.number,
-            "attempt": attempt.id,
-            "epoch": attempt.epoch,
-            "shard": attempt.shard,
-            "alpha": alpha,
-            "staleness": staleness,
-        }
+        path = plan.path
         # Read, merge (validation fused with the blend) and write, overlapped.
         t = time.perf_counter()
         spare = cache.take_spare(rule, head)
@@ -175,8 +166,8 @@ def merge_attempt(
                 rule,
                 head,
                 result,
-                blended,
-                functools.partial(store.writer, path, specs_of(head), attrs),
+                step.blend,
+                functools.partial(store.writer, path, specs_of(head), plan.attrs()),
                 base=base if rule.reads_base else None,
                 state=state,
                 out=spare,
@@ -198,7 +189,9 @@ def merge_attempt(
         # the head moves, so the head always has its state; an orphan otherwise).
         state_path = rule_state_path(ref.run, path)
         if merged.state is not None:
-            store.write_state(state_path, merged.state, attrs={"run": ref.run, "number": number})
+            store.write_state(
+                state_path, merged.state, attrs={"run": ref.run, "number": plan.number}
+            )
         timings["write_version"] = timings.get("write_version", 0.0) + time.perf_counter() - t
 
         t = time.perf_counter()
@@ -209,8 +202,8 @@ def merge_attempt(
                 expected_head=head_row.number,
                 uri=path,
                 checksum=checksum,
-                alpha=alpha,
-                staleness=staleness,
+                alpha=step.alpha,
+                staleness=step.staleness,
             )
         except HeadConflict:
             # Another merger moved the head first: our groups are orphans.
@@ -235,26 +228,17 @@ def merge_attempt(
             attempt.id,
             "merged",
             version=version.number,
-            alpha=alpha,
-            staleness=staleness,
+            alpha=step.alpha,
+            staleness=step.staleness,
             retries=retry,
             timings=timings,
         )
     raise HeadConflict(f"gave up merging attempt {attempt_id} after {max_retries} CAS conflicts")
 
 
-def blend_alpha(attempt: Attempt, attrs: Mapping[str, Any], alpha: float) -> float:
-    """The α the blend uses: ``alpha``, or more for a partial result.
-
-    A partial result counts in proportion to the samples it saw: the result
-    scaled towards the head by f (scale_result), then merged with alpha, is
-    the head merged with the raw result at 1 - (1 - alpha) * f; one pass and
-    no scaled copy of the result.
-    """
-    if attempt.state != "interrupted" or attempt.samples is None:
-        return alpha
-    fraction = min(1.0, attempt.samples / _planned_samples(attempt, attrs))
-    return 1.0 - (1.0 - alpha) * fraction
+def merged_in(ledger: Ledger, run: str, epoch: int) -> int:
+    """How many subtasks of the run's ``epoch`` are merged (what α schedules by epoch read)."""
+    return sum(1 for s in ledger.subtasks(run, epoch) if s.state == "merged")
 
 
 def open_result(
@@ -321,12 +305,6 @@ def delete_groups(store: WeightStore, *paths: str | None) -> None:
     for path in paths:
         if path is not None:
             store.delete(path)
-
-
-def _planned_samples(attempt: Attempt, attrs: Mapping[str, Any]) -> int:
-    """The samples the attempt meant to train (checked by :func:`report_problem`)."""
-    planned = attrs.get("planned_samples")
-    return planned if isinstance(planned, int) and planned > 0 else max(1, attempt.samples or 1)
 
 
 def report_problem(attempt: Attempt, attrs: Mapping[str, Any], limit: int | None) -> str | None:

@@ -19,20 +19,21 @@ from vcdl.config import RunConfig
 from vcdl.driver.assimilator import (
     MergeOutcome,
     base_of,
-    blend_alpha,
     delete_groups,
     merge_attempt,
+    merged_in,
     open_result,
     read_rule_state,
 )
 from vcdl.driver.head_cache import HeadCache, head_cache
+from vcdl.driver.merge_plan import Candidate, Rejection, plan_merge
 from vcdl.driver.streamed import Step, streamed_fold
 from vcdl.errors import IntegrityError, StoreError, StoreNotFoundError
 from vcdl.ledger.merging import FoldItem, FoldRefused
 from vcdl.merge.rules import merge_rule
 from vcdl.runtime import RunRef
 from vcdl.states import MERGEABLE_ATTEMPT_STATES
-from vcdl.store.paths import rule_state_path, version_path, version_tag
+from vcdl.store.paths import rule_state_path
 from vcdl.store.streaming import specs_of
 
 
@@ -94,16 +95,22 @@ def fold_attempts(
     head_row = ledger.head(ref.run)
     head = cache.get(head_row, functools.partial(store.read_state, expect=head_row.checksum))
     timings["read_head"] = time.perf_counter() - t
-    epoch = attempts[0].epoch
-    merged_in_epoch = sum(1 for s in ledger.subtasks(ref.run, epoch) if s.state == "merged")
+    plan = plan_merge(
+        rule,
+        run=ref.run,
+        lease=ref.lease,
+        head=head_row.number,
+        epochs=cfg.run.epochs,
+        max_staleness=cfg.merge.max_staleness,
+        merged_in_epoch=merged_in(ledger, ref.run, attempts[0].epoch),
+        candidates=[
+            Candidate.of(a, attrs) for a, (_, _, attrs) in zip(attempts, opened, strict=True)
+        ],
+    )
+    if isinstance(plan, Rejection):
+        return None
     steps: list[Step] = []
-    items: list[FoldItem] = []
-    for i, (attempt, (result, base, attrs)) in enumerate(zip(attempts, opened, strict=True)):
-        # As one at a time: the head this result would meet is head + i.
-        staleness = head_row.number + i - attempt.base_version
-        alpha = rule.alpha(epoch, cfg.run.epochs, staleness, merged_in_epoch + i)
-        if alpha is None:
-            return None
+    for attempt, step, (result, base, _) in zip(attempts, plan.steps, opened, strict=True):
         if base is None and rule.reads_base:
             t = time.perf_counter()
             try:
@@ -111,38 +118,15 @@ def fold_attempts(
             except StoreError:
                 return None
             timings["read_base"] = timings.get("read_base", 0.0) + time.perf_counter() - t
-        steps.append(
-            Step(result, blend_alpha(attempt, attrs, alpha), base if rule.reads_base else None)
-        )
-        number = head_row.number + i + 1
-        items.append(
-            FoldItem(
-                attempt.id,
-                alpha,
-                staleness,
-                version_path(ref.run, number, version_tag(attempt.id, ref.lease)),
-            )
-        )
+        steps.append(Step(result, step.blend, base if rule.reads_base else None))
+    items = [FoldItem(s.attempt_id, s.alpha, s.staleness, s.path) for s in plan.steps]
 
     state = (
         cache.rule_state(head_row, lambda v: read_rule_state(ref, store, v))
         if rule.keeps_state
         else None
     )
-    last, number = attempts[-1], head_row.number + len(attempts)
-    path = items[-1].uri
-    attrs = {
-        "run": ref.run,
-        "number": number,
-        "parent": number - 1,
-        "attempt": last.id,
-        "epoch": epoch,
-        "shard": last.shard,
-        "alpha": items[-1].alpha,
-        "staleness": items[-1].staleness,
-        # The versions before it in this fold: recorded in the ledger, never stored.
-        "folded": [a.id for a in attempts[:-1]],
-    }
+    number, path, attrs = plan.number, plan.path, plan.attrs()
     t = time.perf_counter()
     spare = cache.take_spare(rule, head)
     try:
