@@ -19,6 +19,7 @@ first attempts train and merge (the final epoch's before the flow returns);
 the epoch subflows share one Dask client and are pipelined
 (flows/workarounds/).
 
+It decides nothing: each instruction type maps to one call (:meth:`EpochExecutor._do`).
 Longer than ~500 lines on purpose: one executor carries out every kind of
 instruction of the state machine; the decisions themselves live elsewhere.
 """
@@ -31,7 +32,7 @@ import logging
 import queue
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
@@ -46,7 +47,6 @@ from prefect.states import Cancelled
 from flows.cluster import worker_left_at
 from flows.reporting import ProgressUpdater, publish_epoch_table
 from flows.tasks import evaluate_head, train_shard
-from flows.workarounds.pipeline import RunStopping, current_gate
 from flows.workarounds.shared_runner import run_dask_client
 from flows.workarounds.task_runs import cancel, release, set_task_run_state
 from vcdl.config import RunConfig
@@ -55,22 +55,31 @@ from vcdl.driver.dispatch import dispatch_phases
 from vcdl.driver.epoch_events import (
     Abandon,
     AbandonRunning,
+    Advance,
+    AtBarrier,
     AttemptFact,
+    AwaitEvaluation,
     Cancel,
     Close,
     DeadlinePassed,
     DropCheckpoint,
     EpochPolicy,
+    Evaluate,
     Event,
+    FailEpoch,
+    Gathered,
     Instruction,
     Key,
     MarkCrashed,
     Merge,
     MergeDone,
+    MergeGroup,
     Opened,
+    Prune,
     RecordDuplicate,
     Reject,
     Say,
+    Settle,
     Submit,
     TaskLost,
     TaskReturned,
@@ -78,6 +87,7 @@ from vcdl.driver.epoch_events import (
     fact,
     recorded_return,
 )
+from vcdl.driver.epoch_loop import RunStopping, current_gate
 from vcdl.driver.epoch_state import EpochState, settle
 from vcdl.driver.fold import merge_attempts
 from vcdl.driver.gc import collect
@@ -120,7 +130,8 @@ class EpochExecutor:
         self.ledger = ref.ledger()
         self.log = get_run_logger()
         self.cache = run_head_cache(ref, cfg)
-        self.state = EpochState(EpochPolicy.of(cfg, epoch, final))
+        policy = EpochPolicy.of(cfg, epoch, final, pins_base=merge_rule(cfg.merge).pins_base)
+        self.state = EpochState(policy)
         # The task in flight of each subtask, by (key, submission number).
         self.tasks: dict[PrefectFuture[dict[str, Any]], tuple[Key, int]] = {}
         self.futures: dict[tuple[Key, int], PrefectFuture[dict[str, Any]]] = {}
@@ -131,16 +142,14 @@ class EpochExecutor:
         self.worker_free_at: dict[str, float] = {}
         # Dispatch phases of results not merged yet, by attempt id.
         self.overhead: dict[str, dict[str, float]] = {}
-        self.base: int | None = None
-        # merge.fold > 1: merges wait here while the results already in are
-        # gathered, then go together (merge_attempts folds them).
-        self.pending: list[tuple[Key, str]] = []
-        self.holding = False
         self.duplicates = 0  # recorded when the epoch settles
-        self.merged_since_gc = 0
-        # The version the barrier's evaluation reads while this epoch merges: kept.
-        self.evaluating: set[int] = set()
-        # Set when run by flows/workarounds/pipeline.py: wait for the previous
+        # The background evaluation (Evaluate(background=True)), its thread, and
+        # the last epoch's evaluation at the barrier.
+        self.pool: ThreadPoolExecutor | None = None
+        self.evaluation: Future[dict[str, Any]] | None = None
+        self.final_evaluation: dict[str, Any] | None = None
+        self.barrier_head: int | None = None
+        # Set when run by vcdl/driver/epoch_loop.py: wait for the previous
         # epoch's barrier before acting, say when only the last results are left.
         self.gate = current_gate()
         # To ask the scheduler when a killed attempt's worker died (for its bill).
@@ -174,7 +183,16 @@ class EpochExecutor:
         ]
         leftovers = [fact(a) for a in self.ledger.attempts(run, states=MERGEABLE_ATTEMPT_STATES)]
         merged = sum(1 for s in self.ledger.subtasks(run, self.epoch) if s.state == "merged")
-        return Opened(tuple(self._todo()), tuple(stranded), tuple(leftovers), merged)
+        versions = [v.number for v in self.ledger.versions(run) if v.epoch == self.epoch]
+        return Opened(
+            tuple(self._todo()),
+            tuple(stranded),
+            tuple(leftovers),
+            merged,
+            head=self.ledger.get_run(run).head_version,
+            first_merged=min(versions) if versions else None,
+            unevaluated=self._unevaluated_previous(),
+        )
 
     def _returned(self, fut: PrefectFuture[dict[str, Any]], key: Key) -> Event:
         """The event a finished shard task makes."""
@@ -256,17 +274,27 @@ class EpochExecutor:
 
     # -- carrying out instructions ----------------------------------------------------
 
-    def feed(self, event: Event) -> None:
-        """Hand ``event`` to the state machine and carry out what it decides, in order."""
-        note_event(self.ref.run, event)  # the metrics the ledger does not keep (notices)
-        todo: deque[Instruction] = deque(self.state.handle(event))
-        while todo:
-            follow = self._do(todo.popleft())
-            if follow is not None:
-                todo.extend(self.state.handle(follow))
-        self._flush_merges()
+    def feed(self, event: Event, *, gathered: bool = True) -> None:
+        """Hand ``event`` to the state machine and carry out what it decides, in order.
+
+        The events the instructions make (a merge's outcome) go back to the state
+        machine in turn. ``gathered``: no more results are being handed over, so
+        merges that wait to be folded (``merge.fold``) may go once this is done.
+        """
+        todo: deque[Instruction] = deque(self._handle(event))
+        while True:
+            while todo:
+                for follow in self._do(todo.popleft()):
+                    todo.extend(self._handle(follow))
+            if not (gathered and self.state.waiting):
+                break
+            todo.extend(self._handle(Gathered()))
         if observe.listened():
             self._tell_progress()
+
+    def _handle(self, event: Event) -> list[Instruction]:
+        note_event(self.ref.run, event)  # the metrics the ledger does not keep (notices)
+        return self.state.handle(event)
 
     def _tell_progress(self) -> None:
         """The epoch's shards finished and its tally, for in-process listeners (the CLI)."""
@@ -279,15 +307,20 @@ class EpochExecutor:
             )
         )
 
-    def _do(self, instruction: Instruction) -> Event | None:
+    def _do(self, instruction: Instruction) -> list[Event]:
+        """Carry out one instruction; the events it makes (merge outcomes)."""
         match instruction:
-            case Submit(key, number):
-                self.submit(key, number)
+            case Submit(key, number, base):
+                self.submit(key, number, base)
             case Merge(key, attempt_id):
-                if self.cfg.merge.fold > 1:
-                    self.pending.append((key, attempt_id))
-                    return None
-                return self._merge(key, attempt_id)
+                outcome = merge_attempt(self.ref, attempt_id, self.cfg, self.cache)
+                return [self._merged(key, attempt_id, outcome)]
+            case MergeGroup(items):
+                outcomes = merge_attempts(self.ref, [a for _, a in items], self.cfg, self.cache)
+                return [
+                    self._merged(key, attempt_id, outcome)
+                    for (key, attempt_id), outcome in zip(items, outcomes, strict=True)
+                ]
             case Abandon(attempts, state, reason):
                 for a in attempts:
                     self._abandon(a, state, reason)
@@ -309,10 +342,27 @@ class EpochExecutor:
                 self._forget(key, number, "crashed", message)
             case Say(level, message):
                 self.log.log(level, message)
-        return None
+            case Prune(hold):
+                self._prune(hold)
+            case Evaluate(epoch, version, device, background):
+                self._start_evaluation(epoch, version, device, background)
+            case AwaitEvaluation():
+                assert self.evaluation is not None
+                self.evaluation.result()  # raises what the evaluation raised
+            case Settle():
+                self._settle()
+            case FailEpoch(epoch):
+                self._fail(epoch)
+            case Advance(epoch):
+                self.barrier_head = self.ledger.get_run(self.ref.run).head_version
+                self.ledger.update_run(self.ref.run, epochs_completed=epoch + 1)
+                if self.gate is not None:
+                    self.gate.passed.set()  # the barrier: the next epoch may act
+        return []
 
-    def submit(self, key: Key, number: int) -> None:
-        """Submit the subtask's shard task (its ``number``-th)."""
+    def submit(self, key: Key, number: int, base: int | None) -> None:
+        """Submit the subtask's shard task (its ``number``-th), from version ``base``
+        (None: the head at its claim)."""
         self.submitted_at[key] = time.time()
         epoch, shard = key
         dispatch_log.debug(
@@ -330,7 +380,7 @@ class EpochExecutor:
         with dask.annotate(resources=resources) if resources else contextlib.nullcontext():
             fut = train_shard.with_options(
                 task_run_name=f"epoch {epoch} · shard {shard} · attempt {number}",
-            ).submit(self.ref, self.cfg, epoch, shard, self.base if epoch == self.epoch else None)
+            ).submit(self.ref, self.cfg, epoch, shard, base)
         self.tasks[fut] = (key, number)
         self.futures[(key, number)] = fut
         # One completion callback per future, for the epoch's life: a fresh
@@ -361,35 +411,8 @@ class EpochExecutor:
         if self.ledger.abandon_attempt(a.id, state=state, reason=reason, ended_at=ended):
             note_kill(self.ref.run, state)
 
-    def _merge(self, key: Key, attempt_id: str) -> MergeDone:
-        return self._merged(
-            key, attempt_id, merge_attempt(self.ref, attempt_id, self.cfg, self.cache)
-        )
-
-    def _flush_merges(self) -> None:
-        """Merge what waits (merge.fold > 1), up to ``fold`` results of one epoch at a time,
-        and hand the state machine each outcome. Nothing while results are being gathered
-        (``holding``), or from inside a flush (its outcomes' follow-ups join the queue)."""
-        if self.holding or not self.pending:
-            return
-        self.holding = True
-        try:
-            while self.pending:
-                epoch, n = self.pending[0][0][0], 1
-                while (
-                    n < min(len(self.pending), self.cfg.merge.fold)
-                    and self.pending[n][0][0] == epoch  # never across an epoch's end
-                ):
-                    n += 1
-                batch, self.pending = self.pending[:n], self.pending[n:]
-                outcomes = merge_attempts(self.ref, [a for _, a in batch], self.cfg, self.cache)
-                for (key, attempt_id), outcome in zip(batch, outcomes, strict=True):
-                    self.feed(self._merged(key, attempt_id, outcome))
-        finally:
-            self.holding = False
-
     def _merged(self, key: Key, attempt_id: str, outcome: MergeOutcome) -> MergeDone:
-        """Record a merge's outcome (timings, progress, retention) as the state machine's event."""
+        """Record a merge's outcome (timings, progress) as the state machine's event."""
         overhead = self.overhead.pop(attempt_id, {})
         if outcome.kind in ("merged", "rejected"):
             phases = {f"assimilator_{k}": v for k, v in outcome.timings.items()}
@@ -398,9 +421,6 @@ class EpochExecutor:
             self.progress()
             if outcome.version is not None:
                 observe.tell(observe.Merged(key[0], key[1], outcome.version))
-            self.merged_since_gc += 1
-            if self.merged_since_gc >= max(1, self.cfg.cluster.workers):
-                self._prune()
         lost = outcome.kind in ("rejected", "skipped")
         return MergeDone(
             key,
@@ -432,19 +452,15 @@ class EpochExecutor:
                     self.feed(late)
                 checked = time.monotonic()
             if fut is not None:
-                # merge.fold > 1: the results already in are gathered first, so
-                # that their merges go together.
-                self.holding = self.cfg.merge.fold > 1
-                try:
-                    self._take(fut)
-                    while self.holding and len(self.pending) < self.cfg.merge.fold:
-                        try:
-                            self._take(self.done.get_nowait())
-                        except queue.Empty:
-                            break
-                finally:
-                    self.holding = False
-                self._flush_merges()
+                # The results already in are handed over first, so that merges
+                # waiting to be folded (merge.fold) go together.
+                self._take(fut)
+                while self.state.gathering:
+                    try:
+                        self._take(self.done.get_nowait())
+                    except queue.Empty:
+                        break
+                self.feed(Gathered())
             self.feed(Tick(time.monotonic()))
             self._tell_gate()
 
@@ -454,12 +470,12 @@ class EpochExecutor:
         if task is None:
             return
         key, number = task
-        self.feed(self._returned(fut, key))
+        self.feed(self._returned(fut, key), gathered=False)
         self.futures.pop((key, number), None)
         release(fut)
 
     def _tell_gate(self) -> None:
-        """Tell the gate of flows/workarounds/pipeline.py where this epoch is.
+        """Tell the gate of vcdl/driver/epoch_loop.py where this epoch is.
 
         Raises RunStopping if the run is stopping (interrupted: a resume does
         the rest); lets the next epoch's subflow set up once this one waits
@@ -468,7 +484,7 @@ class EpochExecutor:
         if self.gate is None:
             return
         self.gate.check()
-        if len(self.state.in_flight) <= self.cfg.cluster.workers:
+        if self.state.in_tail:
             self.gate.tail()
 
     def _settle(self) -> None:
@@ -500,15 +516,11 @@ class EpochExecutor:
                 store.delete(step.result_uri)
             self.duplicates += 1
 
-    def _prune(self) -> None:
-        """Apply the retention policy (store.keep): once per `workers` merges and at the
-        barrier, so the store holds about as many versions as the policy keeps plus one
-        per worker. A store error leaves leftovers the next pass (or `vcdl gc`) deletes."""
-        self.merged_since_gc = 0
-        if self.cfg.store.keep.all:
-            return
+    def _prune(self, hold: frozenset[int]) -> None:
+        """Apply the retention policy (store.keep), keeping ``hold``. A store error leaves
+        leftovers the next pass (or `vcdl gc`) deletes."""
         try:
-            collect(self.ref, self.cfg, measure=False, hold=self.evaluating)
+            collect(self.ref, self.cfg, measure=False, hold=set(hold))
         except StoreError as exc:
             self.log.warning("retention pass failed (the next one retries): %s", exc)
 
@@ -527,12 +539,25 @@ class EpochExecutor:
             return None
         return prev, self.ledger.barrier_head(self.ref.run, prev)
 
-    def _evaluate(self, epoch: int, version: int) -> dict[str, Any]:
+    def _start_evaluation(
+        self, epoch: int, version: int | None, device: str, background: bool
+    ) -> None:
+        if not background:
+            self.final_evaluation = self._evaluate(epoch, version, device)
+            return
+        assert self.pool is not None and version is not None
+        # In a copy of this context: Prefect's flow run context.
+        self.evaluation = self.pool.submit(
+            contextvars.copy_context().run, partial(self._evaluate, epoch, version, device)
+        )
+
+    def _evaluate(self, epoch: int, version: int | None, device: str) -> dict[str, Any]:
         # In the driver: workers are busy training (previous epoch) or done (final).
-        # The driver may have no GPU even when the workers train on one.
+        if version is None:
+            version = self.ledger.get_run(self.ref.run).head_version
         cfg = (
-            self.cfg.updated(train={"device": "auto"})
-            if self.cfg.train.device == "cuda"
+            self.cfg.updated(train={"device": device})
+            if device != self.cfg.train.device
             else self.cfg
         )
         ev = evaluate_head(self.ref, cfg, version, epoch)
@@ -544,60 +569,37 @@ class EpochExecutor:
         )
         return ev
 
+    def _fail(self, epoch: int) -> None:
+        subs = self.ledger.subtasks(self.ref.run, epoch)
+        reasons = sorted({s.reason or "" for s in subs if s.state == "failed"})
+        raise EpochFailed(
+            f"epoch {epoch} of run {self.ref.run}: no shard could be merged "
+            f"({'; '.join(reasons)[:500]}); fix the cause and `vcdl resume {self.ref.run}`"
+        )
+
     def run(self) -> dict[str, Any]:
         if self.gate is not None:
-            # Nothing before the previous epoch's barrier (flows/workarounds/pipeline.py).
+            # Nothing before the previous epoch's barrier (vcdl/driver/epoch_loop.py).
             if self.gate.must_wait():
                 self.log.info("set up; waiting for epoch %d's last results", self.epoch - 1)
             self.gate.wait_previous()
         self.ledger.ensure_subtasks(self.ref.run, self.epoch, self.cfg.data.shards)
-        if merge_rule(self.cfg.merge).pins_base:
-            merged = [v.number for v in self.ledger.versions(self.ref.run) if v.epoch == self.epoch]
-            self.base = (
-                min(merged) - 1 if merged else self.ledger.get_run(self.ref.run).head_version
-            )
-        previous = self._unevaluated_previous()  # before the leftovers are merged
-        self.evaluating = {previous[1]} if previous is not None else set()
-        self.feed(self._opened())
-        self._tell_gate()  # few shards left (resumed, deferred): maybe in the tail already
-        started = time.perf_counter()
-        # The epoch barrier's evaluation overlaps this epoch's first attempts,
-        # in a thread: neither the workers nor the merges of their results
-        # wait for it (a result merged late is a staler base for the next one).
-        # The thread runs in a copy of this context: Prefect's flow run context.
-        with ThreadPoolExecutor(1, thread_name_prefix="vcdl-evaluate") as pool:
-            evaluation = (
-                pool.submit(contextvars.copy_context().run, partial(self._evaluate, *previous))
-                if previous is not None
-                else None
-            )
+        # The thread of the previous barrier's evaluation (Evaluate, background).
+        with ThreadPoolExecutor(1, thread_name_prefix="vcdl-evaluate") as self.pool:
+            self.feed(self._opened())
+            self._tell_gate()  # few shards left (resumed, deferred): maybe in the tail already
+            started = time.perf_counter()
             self.drain()
-            if evaluation is not None:
-                evaluation.result()  # raises what the evaluation raised
-        self.evaluating = set()
-        subs = self.ledger.subtasks(self.ref.run, self.epoch)
-        if not any(s.state == "merged" for s in subs):
-            reasons = sorted({s.reason or "" for s in subs if s.state == "failed"})
-            raise EpochFailed(
-                f"epoch {self.epoch} of run {self.ref.run}: no shard could be merged "
-                f"({'; '.join(reasons)[:500]}); fix the cause and `vcdl resume {self.ref.run}`"
-            )
-        self._settle()
-        head = self.ledger.get_run(self.ref.run).head_version
-        # The last epoch has no next one to overlap with: evaluate it now, before
-        # the run counts it as done (a resumed driver then evaluates it again).
-        ev = self._evaluate(self.epoch, head) if self.final else None
-        # After the evaluation: the best version may have changed with it.
-        self._prune()
-        self.ledger.update_run(self.ref.run, epochs_completed=self.epoch + 1)
-        if self.gate is not None:
-            self.gate.passed.set()  # the barrier: the next epoch may act
+            self.feed(AtBarrier())
+        head = self.barrier_head
+        assert head is not None  # Advance read it
         self.progress(force=True)
         seconds = time.perf_counter() - started
         observe.tell(observe.EpochPassed(self.epoch, head, seconds))
         self.log.info("epoch %d done in %.1fs: head v%d", self.epoch, seconds, head)
         tally = self.state.counts()
         tally["duplicate"] += self.duplicates
+        ev = self.final_evaluation
         return {
             "epoch": self.epoch,
             "head_version": head,
@@ -618,7 +620,7 @@ def epoch_flow(
     """Run every unfinished shard of one epoch and merge each result as it lands.
 
     ``progress_id`` is the run's progress artifact (see flows/reporting.py),
-    updated as shards are merged. Run by flows/workarounds/pipeline.py, it
+    updated as shards are merged. Run by vcdl/driver/epoch_loop.py, it
     ends Cancelled when the run stops before or while it runs (an earlier
     epoch failed, the train flow was interrupted): a resume does the rest.
     """

@@ -2,7 +2,7 @@
 
 Reads as a plain sequence: prepare (create or resume) the run, take the run's
 lease, start or connect to the Dask cluster, then run the epoch subflow for
-each remaining epoch, in order (flows/workarounds/pipeline.py). The ledger decides what
+each remaining epoch, in order (vcdl/driver/epoch_loop.py). The ledger decides what
 is left to do, so running the flow again with the same run name resumes
 where it stopped.
 """
@@ -28,7 +28,6 @@ from flows.reporting import (
     start_progress,
 )
 from flows.workarounds.heartbeats import epoch_heartbeats_off
-from flows.workarounds.pipeline import run_epochs
 from flows.workarounds.shared_runner import shared_task_runner
 from vcdl.chaos import (
     DEFAULT_START,
@@ -40,6 +39,7 @@ from vcdl.chaos import (
 )
 from vcdl.config import RunConfig, resolve_home, run_log_path
 from vcdl.console import console_off_thread
+from vcdl.driver.epoch_loop import run_epochs
 from vcdl.driver.head_cache import forget_run_cache
 from vcdl.driver.lease import run_lease
 from vcdl.driver.runs import clean_orphans, prepare_run
@@ -242,7 +242,7 @@ def _train(
                 )
                 with epoch_heartbeats_off():
                     # In order; each next epoch's Prefect set-up overlaps the
-                    # current one's last results (flows/workarounds/pipeline.py).
+                    # current one's last results (vcdl/driver/epoch_loop.py).
                     run_epochs(
                         lambda epoch: epoch_subflow(
                             ref,

@@ -11,8 +11,6 @@ module              works around
 ``shared_runner``   prefect-dask closing its Dask client at every subflow's end
 ``task_settings``   Prefect's task engine rebuilding settings and API clients
                     per task on a Dask worker, and serializing them per submission
-``pipeline``        a Prefect flow run's boundary costing API round trips at
-                    every epoch barrier
 ``heartbeats``      a subflow's heartbeat thread joined at its end (up to 1 s)
 ``task_runs``       task runs Prefect leaves Running when their workers die or the
                     driver cancels them; finished tasks Dask re-runs after a kill

@@ -98,7 +98,7 @@ def test_run_completes_with_history(trained: dict[str, Any]) -> None:
 
 
 def test_each_epoch_acts_only_after_the_previous_barrier(trained: dict[str, Any]) -> None:
-    # flows/workarounds/pipeline.py starts epoch e+1's subflow during e's last results;
+    # vcdl/driver/epoch_loop.py starts epoch e+1's subflow during e's last results;
     # its attempts must still start after e's last merge (docs/design.md's barrier).
     ledger = api.run_ref("it-run", home=trained["home"]).ledger()
     last_merge = max(v.created_at for v in ledger.versions("it-run") if v.epoch == 0)

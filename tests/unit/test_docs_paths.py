@@ -32,7 +32,12 @@ _PATH = re.compile(
 # Named on purpose though gone, in docs/history/ only: a round reproduces runs
 # at the commits it names (docs/history/README.md says so), and gives a moved
 # file's new name. A current doc names only what exists.
-GONE = {"benchmarks/vc_vs_sequential.py", "flows/pipeline.py", "flows/task_context.py"}
+GONE = {
+    "benchmarks/vc_vs_sequential.py",
+    "flows/pipeline.py",
+    "flows/task_context.py",
+    "flows/workarounds/pipeline.py",  # now vcdl/driver/epoch_loop.py
+}
 # Not repository paths: a secret store's key in docs/spot-fleet.md's example.
 NOT_PATHS = {"vcdl/ledger-password"}
 

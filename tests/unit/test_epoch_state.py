@@ -23,22 +23,31 @@ from vcdl.driver.epoch_events import (
     FREE_HANDBACKS,
     Abandon,
     AbandonRunning,
+    Advance,
+    AtBarrier,
     AttemptFact,
+    AwaitEvaluation,
     Cancel,
     Close,
     DeadlinePassed,
     DropCheckpoint,
     EpochPolicy,
+    Evaluate,
     Event,
+    FailEpoch,
+    Gathered,
     Instruction,
     Key,
     MarkCrashed,
     Merge,
     MergeDone,
+    MergeGroup,
     Opened,
+    Prune,
     RecordDuplicate,
     Reject,
     Say,
+    Settle,
     Submit,
     TaskLost,
     TaskReturned,
@@ -353,6 +362,126 @@ def test_settling_records_late_duplicates_and_drops_dead_checkpoints() -> None:
     assert settle(attempts, subtasks) == [RecordDuplicate("dup", "r/dup"), DropCheckpoint("ck")]
 
 
+# -- what the executor used to decide ------------------------------------------------------
+
+
+def _returned(state: EpochState, key: Key, n: int = 1) -> list[Instruction]:
+    """Hand the state a finished result of ``key``."""
+    row = a(n, "finished", 100, key=key)
+    return state.handle(TaskReturned(key, "finished", (row,), attempt_id=row.id, samples=100))
+
+
+def test_results_wait_to_be_folded_and_go_together_never_across_an_epoch() -> None:
+    state = EpochState(EpochPolicy(epoch=3, shards=4, fold=2))
+    keys = [(2, 0), (3, 0), (3, 1), (3, 2)]  # (2, 0) deferred from epoch 2
+    state.handle(Opened(tuple(keys)))
+    for key in keys:
+        assert _returned(state, key) == []  # waiting
+    assert not state.gathering  # a fold's worth and more is in
+    out = state.handle(Gathered())
+    ids = {k: a(1, "x", key=k).id for k in keys}
+    assert out == [
+        MergeGroup((((2, 0), ids[(2, 0)]),)),
+        MergeGroup((((3, 0), ids[(3, 0)]), ((3, 1), ids[(3, 1)]))),
+        MergeGroup((((3, 2), ids[(3, 2)]),)),
+    ]
+    assert state.waiting == [] and state.handle(Gathered()) == []
+
+
+def test_without_fold_a_result_is_merged_at_once() -> None:
+    state = opened()
+    assert kinds(_returned(state, K)) == ["Merge"] and not state.waiting
+
+
+@pytest.mark.parametrize(
+    ("every", "retention", "prunes"), [(1, True, 3), (2, True, 1), (2, False, 0)]
+)
+def test_retention_runs_once_per_so_many_merges(every: int, retention: bool, prunes: int) -> None:
+    keys = [(0, s) for s in range(3)]
+    state = EpochState(EpochPolicy(epoch=0, shards=3, prune_every=every, retention=retention))
+    state.handle(Opened(tuple(keys), unevaluated=(-1, 7)))
+    seen: list[Prune] = []
+    for key in keys:
+        (merge,) = [i for i in _returned(state, key, 1) if isinstance(i, Merge)]
+        out = state.handle(MergeDone(key, merge.attempt_id, "merged", version=1))
+        seen += [i for i in out if isinstance(i, Prune)]
+    # The version evaluated in the background is held meanwhile.
+    assert seen == [Prune(frozenset({7}))] * prunes
+
+
+def test_a_rule_that_pins_the_base_trains_every_shard_of_the_epoch_from_it() -> None:
+    state = EpochState(EpochPolicy(epoch=3, shards=2, pins_base=True))
+    out = state.handle(Opened(((2, 1), (3, 0), (3, 1)), head=9, first_merged=6))
+    # Resumed after v6 was merged from this epoch: the base was v5; a deferred shard of
+    # epoch 2 trains from the head at its claim.
+    assert [i for i in out if isinstance(i, Submit)] == [
+        Submit((2, 1), 1, None),
+        Submit((3, 0), 1, 5),
+        Submit((3, 1), 1, 5),
+    ]
+    fresh = EpochState(EpochPolicy(epoch=3, shards=1, pins_base=True))
+    assert Submit((3, 0), 1, 9) in fresh.handle(Opened(((3, 0),), head=9))
+    unpinned = EpochState(EpochPolicy(epoch=3, shards=1))
+    assert Submit((3, 0), 1, None) in unpinned.handle(Opened(((3, 0),), head=9))
+
+
+def test_the_previous_barrier_is_evaluated_in_the_background_as_the_epoch_opens() -> None:
+    state = EpochState(EpochPolicy(epoch=4, shards=1, eval_device="cpu"))
+    out = state.handle(Opened(((4, 0),), unevaluated=(3, 12)))
+    assert out[0] == Evaluate(3, 12, "cpu", background=True)
+    assert state.evaluating == {12}
+
+
+@pytest.mark.parametrize("final", [False, True])
+def test_the_barrier_settles_evaluates_the_last_epoch_prunes_and_advances(final: bool) -> None:
+    state = EpochState(EpochPolicy(epoch=4, shards=1, final=final))
+    state.handle(Opened(((4, 0),), unevaluated=(3, 12)))
+    (merge,) = [i for i in _returned(state, (4, 0)) if isinstance(i, Merge)]
+    state.handle(MergeDone((4, 0), merge.attempt_id, "merged", version=13))
+    out = state.handle(AtBarrier())
+    assert out == [
+        AwaitEvaluation(),
+        Settle(),
+        *([Evaluate(4, None, "auto")] if final else []),
+        Prune(frozenset()),  # nothing held any more
+        Advance(4),
+    ]
+    with pytest.raises(RuntimeError, match="not at its barrier"):
+        state.handle(AtBarrier())
+
+
+def test_an_epoch_with_nothing_merged_fails_at_its_barrier() -> None:
+    state = EpochState(EpochPolicy(epoch=2, shards=1, max_attempts=1))
+    state.handle(Opened(((2, 0),)))
+    out = state.handle(TaskLost((2, 0), "boom", (a(1, "failed", key=(2, 0)),)))
+    assert kinds(out) == ["Close"]  # failed for good
+    assert state.handle(AtBarrier()) == [FailEpoch(2)]
+
+
+def test_the_barrier_comes_only_when_nothing_is_left() -> None:
+    state = opened()
+    with pytest.raises(RuntimeError, match="not at its barrier"):
+        state.handle(AtBarrier())
+
+
+def test_the_story_of_a_subtask_is_what_concerned_it() -> None:
+    state = EpochState(EpochPolicy(epoch=2, shards=2))
+    state.handle(Opened(((2, 0), K)))
+    _returned(state, (2, 0))
+    state.handle(TaskLost(K, "worker died", (a(1, "running"),)))
+    story = state.story(K)
+    assert [type(e).__name__ for e, _ in story] == ["Opened", "TaskLost"]
+    assert Submit(K, 2) in story[1][1]
+    state.validate_state()
+
+
+def test_validate_state_finds_a_broken_invariant() -> None:
+    state = opened()
+    state.closed[K] = "merged"  # closed while its task is in flight
+    with pytest.raises(AssertionError, match="in flight and closed"):
+        state.validate_state()
+
+
 # -- random event orders -------------------------------------------------------------------
 
 
@@ -369,6 +498,11 @@ class World:
     handbacks: Counter[Key] = field(default_factory=Counter)
     submissions: Counter[Key] = field(default_factory=Counter)
     ids: itertools.count[int] = field(default_factory=itertools.count)
+    bases: list[tuple[Key, int | None]] = field(default_factory=list)
+    groups: list[tuple[tuple[Key, str], ...]] = field(default_factory=list)
+    prunes: list[frozenset[int]] = field(default_factory=list)
+    evaluations: list[Evaluate] = field(default_factory=list)
+    barrier: list[Instruction] = field(default_factory=list)
 
     @property
     def policy(self) -> EpochPolicy:
@@ -396,16 +530,39 @@ class World:
         untrained = min(self.handbacks[key], FREE_HANDBACKS)
         return max(len(self.rows[key]) - free, self.submissions[key] - untrained - free)
 
-    def feed(self, event: Event) -> None:
-        todo = deque(self.state.handle(event))
-        while todo:
-            follow = self.do(todo.popleft())
-            if follow is not None:
-                todo.extend(self.state.handle(follow))
+    def handle(self, event: Event) -> list[Instruction]:
+        out = self.state.handle(event)
+        self.state.validate_state()  # after every event, as dask's worker state machine
+        return out
 
-    def do(self, ins: Instruction) -> Event | None:
+    def feed(self, event: Event, gathered: bool = True) -> None:
+        """As the executor (flows/epoch.py) does: each instruction carried out, the events it
+        makes handed back, and waiting merges let go once nothing more is being handed in."""
+        todo = deque(self.handle(event))
+        while True:
+            while todo:
+                for follow in self.do(todo.popleft()):
+                    todo.extend(self.handle(follow))
+            if not (gathered and self.state.waiting):
+                break
+            todo.extend(self.handle(Gathered()))
+
+    def do(self, ins: Instruction) -> list[Event]:
         match ins:
-            case Submit(key, number):
+            case MergeGroup(items):
+                assert 1 <= len(items) <= self.policy.fold, items
+                assert len({k[0] for k, _ in items}) == 1, "a fold across an epoch's end"
+                self.groups.append(items)
+                return [e for k, i in items for e in self.do(Merge(k, i))]
+            case Prune(hold):
+                assert self.policy.retention
+                self.prunes.append(hold)
+            case Evaluate():
+                self.evaluations.append(ins)
+            case AwaitEvaluation() | Settle() | FailEpoch() | Advance():
+                self.barrier.append(ins)
+            case Submit(key, number, base):
+                self.bases.append((key, base))
                 assert self.subtask[key] not in TERMINAL_SUBTASK_STATES, "a finished subtask"
                 if number > 1:  # a reissue: the budget allowed it
                     assert self.tries(key) < self.policy.max_attempts, (key, self.rows[key])
@@ -419,12 +576,14 @@ class World:
                 ok = self.merge_ok.popleft() if self.merge_ok else True
                 if not ok:
                     self.set(attempt_id, "rejected")
-                    return MergeDone(
-                        key, attempt_id, "rejected", "bad", attempts=tuple(self.rows[key])
-                    )
+                    return [
+                        MergeDone(
+                            key, attempt_id, "rejected", "bad", attempts=tuple(self.rows[key])
+                        )
+                    ]
                 self.merges[key] += 1
                 self.subtask[key] = "merged"
-                return MergeDone(key, attempt_id, "merged", version=sum(self.merges.values()))
+                return [MergeDone(key, attempt_id, "merged", version=sum(self.merges.values()))]
             case Abandon(attempts, state):
                 for row in attempts:
                     if self.current(row.id) == "running":
@@ -445,7 +604,7 @@ class World:
                 self.live.remove((key, number))
             case MarkCrashed(key, number):
                 assert (key, number) not in self.live and number == self.submissions[key]
-        return None
+        return []
 
     def current(self, attempt_id: str) -> str:
         return next(r.state for rows in self.rows.values() for r in rows if r.id == attempt_id)
@@ -505,8 +664,16 @@ ACTIONS = st.one_of(
             "quorum": st.sampled_from([1.0, 0.5]),
             "late": st.sampled_from(["reissue", "drop"]),
             "final": st.booleans(),
+            "fold": st.integers(1, 3),
+            "prune_every": st.integers(1, 3),
+            "retention": st.booleans(),
+            "pins_base": st.booleans(),
         }
     ),
+    deferred=st.booleans(),
+    head=st.integers(0, 20),
+    first_merged=st.one_of(st.none(), st.integers(1, 20)),
+    unevaluated=st.booleans(),
     left_by_a_dead_driver=st.lists(st.sampled_from(["", "finished", "running"]), max_size=6),
     merge_ok=st.lists(st.booleans(), max_size=40),
     actions=st.lists(ACTIONS, max_size=80),
@@ -514,11 +681,16 @@ ACTIONS = st.one_of(
 def test_in_any_order_no_subtask_is_merged_twice_none_is_lost_and_the_budget_holds(
     shards: int,
     policy: dict[str, object],
+    deferred: bool,
+    head: int,
+    first_merged: int | None,
+    unevaluated: bool,
     left_by_a_dead_driver: list[str],
     merge_ok: list[bool],
     actions: list[tuple[str, int, str, int]],
 ) -> None:
-    keys = [(3, s) for s in range(shards)]
+    # A shard deferred from epoch 2 joins epoch 3's (so folds meet an epoch's end).
+    keys = [(2, 0)] * deferred + [(3, s) for s in range(shards)]
     world = World(
         EpochState(EpochPolicy(epoch=3, shards=shards, straggler_timeout=30, **policy)),  # type: ignore[arg-type]
         rows={k: [] for k in keys},
@@ -534,6 +706,9 @@ def test_in_any_order_no_subtask_is_merged_twice_none_is_lost_and_the_budget_hol
             tuple(keys),
             stranded=tuple(r for r in every if r.state == "running"),
             leftovers=tuple(r for r in every if r.state == "finished"),
+            head=head,
+            first_merged=first_merged,
+            unevaluated=(2, head) if unevaluated else None,
         )
     )
     clock = 0.0
@@ -565,6 +740,34 @@ def test_in_any_order_no_subtask_is_merged_twice_none_is_lost_and_the_budget_hol
         clock += 1000.0
         world.feed(Tick(clock))
     assert world.state.finished
+    world.feed(AtBarrier())
+    p = world.policy
+    merged_here = sum(1 for k in keys if k[0] == 3 and world.subtask[k] == "merged")
+    # The barrier: the background evaluation awaited first, then failure or the rest.
+    expect: list[type] = [AwaitEvaluation] if unevaluated else []
+    expect += [FailEpoch] if merged_here == 0 else [Settle, Advance]
+    assert [type(i) for i in world.barrier] == expect
+    # Evaluations: the previous barrier's in the background, the last epoch's at its barrier.
+    assert [(e.epoch, e.version, e.background) for e in world.evaluations] == [
+        *([(2, head, True)] if unevaluated else []),
+        *([(3, None, False)] if p.final and merged_here else []),
+    ]
+    # Retention: once per prune_every merges, holding the version being evaluated, and at
+    # the barrier; never with retention off.
+    merged_total = sum(world.merges.values())
+    mid = world.prunes[:-1] if p.retention and merged_here else world.prunes
+    assert len(mid) == (merged_total // p.prune_every if p.retention else 0)
+    assert all(h <= ({head} if unevaluated else set()) for h in mid)
+    if p.retention and merged_here:
+        assert world.prunes[-1] == frozenset()
+    # Folds: of one epoch, at most `fold` results (checked in do); one at a time without.
+    assert all(len(g) == 1 for g in world.groups) or p.fold > 1
+    # The pinned base: every shard of this epoch trains from it; a deferred one from the head.
+    pinned = (first_merged - 1 if first_merged is not None else head) if p.pins_base else None
+    assert all(b == (pinned if k[0] == 3 else None) for k, b in world.bases)
+    # The story of a subtask: what concerned it, in order.
+    story = world.state.story(keys[-1])
+    assert story and isinstance(story[0][0], Opened)
     # None is lost: every subtask is merged, or failed, dropped or deferred by policy.
     assert {world.subtask[k] for k in keys} <= {"merged", "failed", "dropped", "deferred"}
     assert world.state.closed == world.subtask  # and the state machine knows it

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from flows.workarounds.pipeline import EpochGate, RunStopping, current_gate, run_epochs
+from vcdl.driver.epoch_loop import EpochGate, RunStopping, current_gate, run_epochs
 
 # Under `pytest -n 2` this runs with no other test beside it (tests/lanes.py):
 # what it asserts depends on timing.

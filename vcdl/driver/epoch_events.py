@@ -85,10 +85,27 @@ class EpochPolicy:
     straggler_timeout: float = 60.0
     late: Literal["reissue", "drop"] = "reissue"
     free_handbacks: int = FREE_HANDBACKS
+    fold: int = 1
+    """``merge.fold``: up to this many results of one epoch that wait together are merged
+    in one pass (:class:`MergeGroup`); 1 merges each as it comes (:class:`Merge`)."""
+    prune_every: int = 1
+    """Retention runs once per this many merges (the workers: the store then holds about
+    as many versions as the policy keeps plus one per worker) and at the barrier."""
+    retention: bool = True
+    """False when ``store.keep.all``: nothing is ever pruned."""
+    pins_base: bool = False
+    """The merge rule trains every shard of an epoch from the epoch's first version
+    (``average``); else an attempt trains from the head at its claim."""
+    workers: int = 1
+    """The cluster's workers: with no more subtasks in flight than this, the epoch is in
+    its tail and the next epoch may set up (vcdl/driver/epoch_loop.py)."""
+    eval_device: str = "auto"
+    """Where the driver evaluates: the workers' device, except "cuda" becomes "auto"
+    (the driver's machine may have no GPU when the workers do)."""
 
     @classmethod
-    def of(cls, cfg: RunConfig, epoch: int, final: bool) -> EpochPolicy:
-        """The policy for ``epoch`` of a run with config ``cfg``."""
+    def of(cls, cfg: RunConfig, epoch: int, final: bool, pins_base: bool = False) -> EpochPolicy:
+        """The policy for ``epoch`` of a run with config ``cfg`` (``pins_base``: its rule's)."""
         f = cfg.fault
         return cls(
             epoch=epoch,
@@ -100,6 +117,12 @@ class EpochPolicy:
             quorum=f.quorum,
             straggler_timeout=f.straggler_timeout,
             late=f.late,
+            fold=cfg.merge.fold,
+            prune_every=max(1, cfg.cluster.workers),
+            retention=not cfg.store.keep.all,
+            pins_base=pins_base,
+            workers=cfg.cluster.workers,
+            eval_device="auto" if cfg.train.device == "cuda" else cfg.train.device,
         )
 
 
@@ -115,6 +138,12 @@ class Opened:
     """Finished or interrupted attempts with a result not yet merged."""
     merged: int = 0
     """This epoch's subtasks merged already."""
+    head: int = 0
+    """The run's head version as the epoch opens."""
+    first_merged: int | None = None
+    """The lowest version merged from this epoch's subtasks, if any (a resumed epoch)."""
+    unevaluated: tuple[int, int] | None = None
+    """(epoch, version): the previous epoch's barrier head, not evaluated yet."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +203,17 @@ class Tick:
     now: float
 
 
-Event = Opened | TaskReturned | TaskLost | MergeDone | DeadlinePassed | Tick
+@dataclass(frozen=True)
+class Gathered:
+    """The results already in were all handed over: merges that wait may go now."""
+
+
+@dataclass(frozen=True)
+class AtBarrier:
+    """The epoch is at its barrier (:attr:`EpochState.finished`): what comes after it."""
+
+
+Event = Opened | TaskReturned | TaskLost | MergeDone | DeadlinePassed | Tick | Gathered | AtBarrier
 
 
 def recorded_return(key: Key, attempts: tuple[AttemptFact, ...]) -> TaskReturned | TaskLost:
@@ -199,10 +238,14 @@ def recorded_return(key: Key, attempts: tuple[AttemptFact, ...]) -> TaskReturned
 
 @dataclass(frozen=True)
 class Submit:
-    """Submit the subtask's shard task; ``number`` counts its submissions (1, 2, ...)."""
+    """Submit the subtask's shard task; ``number`` counts its submissions (1, 2, ...).
+
+    ``base``: the version it trains from when the rule pins the epoch's base;
+    None trains from the head at its claim."""
 
     key: Key
     number: int
+    base: int | None = None
 
 
 @dataclass(frozen=True)
@@ -211,6 +254,58 @@ class Merge:
 
     key: Key
     attempt_id: str
+
+
+@dataclass(frozen=True)
+class MergeGroup:
+    """Merge these results (of one epoch, in order) together; a :class:`MergeDone` each."""
+
+    items: tuple[tuple[Key, str], ...]
+
+
+@dataclass(frozen=True)
+class Prune:
+    """Apply the retention policy, keeping the versions in ``hold`` (being evaluated)."""
+
+    hold: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class Evaluate:
+    """Evaluate a version on the test split on ``device`` and record it.
+
+    ``version`` None: the head as it is then. ``background``: in a thread,
+    beside the epoch's attempts and merges (the previous epoch's barrier
+    head); :class:`AwaitEvaluation` waits for it."""
+
+    epoch: int
+    version: int | None
+    device: str
+    background: bool = False
+
+
+@dataclass(frozen=True)
+class AwaitEvaluation:
+    """Wait for the background evaluation (raise what it raised)."""
+
+
+@dataclass(frozen=True)
+class Settle:
+    """Tidy after the barrier: record late duplicates, delete checkpoints nothing resumes."""
+
+
+@dataclass(frozen=True)
+class FailEpoch:
+    """No subtask of the epoch could be merged: the run stops, with the subtasks' reasons."""
+
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Advance:
+    """The epoch passed its barrier: record it (``epochs_completed``), let the next one act."""
+
+    epoch: int
 
 
 @dataclass(frozen=True)
@@ -274,7 +369,22 @@ class Say:
 
 
 Instruction = (
-    Submit | Merge | Abandon | AbandonRunning | Reject | Close | Cancel | MarkCrashed | Say
+    Submit
+    | Merge
+    | MergeGroup
+    | Abandon
+    | AbandonRunning
+    | Reject
+    | Close
+    | Cancel
+    | MarkCrashed
+    | Say
+    | Prune
+    | Evaluate
+    | AwaitEvaluation
+    | Settle
+    | FailEpoch
+    | Advance
 )
 
 

@@ -34,12 +34,26 @@ The rules it owns (docs/design.md §1.3-§1.4):
 The events carry the facts the rules need (a subtask's attempts as the
 ledger lists them when the event happens); the state keeps only what the
 ledger cannot tell (tasks submitted, hand-backs, the quorum clock).
+
+It also decides what the executor used to: which results wait to be merged
+together (``merge.fold``: :class:`MergeGroup`, on :class:`Gathered`, never
+across an epoch's end), how often retention runs (:class:`Prune`, once per
+``prune_every`` merges and at the barrier, holding a version being
+evaluated), which base an epoch pins (``pins_base``: every
+:class:`Submit` of the epoch names it), when the previous epoch's head is
+evaluated (in the background as the epoch opens) and the last one's (at its
+barrier), and what the barrier does (:class:`AtBarrier`: the epoch fails
+when none of its subtasks merged, else settle, evaluate, prune, advance).
+
+Like dask's worker state machine it keeps a bounded log of the events it
+received and the instructions it returned (:meth:`EpochState.story`, for one
+subtask), and checks its own invariants (:meth:`EpochState.validate_state`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
@@ -47,22 +61,31 @@ from typing import Literal, Protocol
 from vcdl.driver.epoch_events import (
     Abandon,
     AbandonRunning,
+    Advance,
+    AtBarrier,
     AttemptFact,
+    AwaitEvaluation,
     Cancel,
     Close,
     DeadlinePassed,
     DropCheckpoint,
     EpochPolicy,
+    Evaluate,
     Event,
+    FailEpoch,
+    Gathered,
     Instruction,
     Key,
     MarkCrashed,
     Merge,
     MergeDone,
+    MergeGroup,
     Opened,
+    Prune,
     RecordDuplicate,
     Reject,
     Say,
+    Settle,
     Submit,
     TaskLost,
     TaskReturned,
@@ -83,6 +106,22 @@ TALLY_KEYS = (
     "deferred",
     "failed",
 )
+
+
+STORY_LENGTH = 10_000
+"""Events the state keeps in its log (each with what it decided): a long epoch's."""
+
+
+def _mentions(item: object, key: Key) -> bool:
+    """Whether an event or instruction concerns subtask ``key``."""
+    if getattr(item, "key", None) == key:
+        return True
+    if isinstance(item, MergeGroup):
+        return any(k == key for k, _ in item.items)
+    if isinstance(item, Abandon | Opened):
+        facts = item.attempts if isinstance(item, Abandon) else (*item.stranded, *item.leftovers)
+        return any(a.key == key for a in facts) or (isinstance(item, Opened) and key in item.todo)
+    return False
 
 
 # -- the budget ---------------------------------------------------------------------
@@ -140,18 +179,78 @@ class EpochState:
     quorum_at: float | None = None
     opened: bool = False
     tally: Counter[str] = field(default_factory=Counter)
+    waiting: list[tuple[Key, str]] = field(default_factory=list)
+    """Merges decided and not issued yet (``fold`` > 1): they go on :class:`Gathered`."""
+    since_prune: int = 0
+    """Merges since retention last ran."""
+    base: int | None = None
+    """The version every shard of this epoch trains from (``pins_base``), else None."""
+    evaluating: frozenset[int] = frozenset()
+    """The version evaluated in the background: retention keeps it meanwhile."""
+    barrier: bool = False
+    """Set once :class:`AtBarrier` was handled."""
+    log: deque[tuple[Event, tuple[Instruction, ...]]] = field(
+        default_factory=lambda: deque(maxlen=STORY_LENGTH)
+    )
+    """The last :data:`STORY_LENGTH` events and what each one decided (:meth:`story`)."""
 
     @property
     def finished(self) -> bool:
         """True once opened and nothing is in flight or being merged: the barrier."""
         return self.opened and not self.in_flight and not self.merging
 
+    @property
+    def in_tail(self) -> bool:
+        """Only the last results are outstanding (no more in flight than workers)."""
+        return len(self.in_flight) <= self.policy.workers
+
+    @property
+    def gathering(self) -> bool:
+        """Merges wait to be folded and a fold is not full: hand in more results first."""
+        return bool(self.waiting) and len(self.waiting) < self.policy.fold
+
     def counts(self) -> dict[str, int]:
         """The tally of what happened, every key present."""
         return {k: self.tally[k] for k in TALLY_KEYS}
 
     def handle(self, event: Event) -> list[Instruction]:
-        """What to do about ``event``, in order."""
+        """What to do about ``event``, in order (recorded in :attr:`log`)."""
+        out = self._handle(event)
+        self.log.append((event, tuple(out)))
+        return out
+
+    def story(self, key: Key) -> list[tuple[Event, tuple[Instruction, ...]]]:
+        """The logged events that concern subtask ``key``, each with what it decided."""
+        return [
+            (event, out)
+            for event, out in self.log
+            if _mentions(event, key) or any(_mentions(i, key) for i in out)
+        ]
+
+    def validate_state(self) -> None:
+        """Raise AssertionError if the state breaks one of its invariants."""
+        closed, flying, merging = set(self.closed), self.in_flight, set(self.merging)
+        assert not flying & closed, f"in flight and closed: {sorted(flying & closed)}"
+        assert not flying & merging, f"in flight and merging: {sorted(flying & merging)}"
+        assert not merging & closed, f"merging and closed: {sorted(merging & closed)}"
+        assert all(self.submitted[k] >= 1 for k in flying), "in flight, never submitted"
+        waiting = [k for k, _ in self.waiting]
+        assert len(waiting) == len(set(waiting)), f"merged twice: {waiting}"
+        assert set(waiting) <= merging, "a waiting merge for a subtask not being merged"
+        assert self.policy.fold > 1 or not self.waiting, "merges wait only to be folded"
+        assert 0 <= self.merged <= self.policy.shards, f"{self.merged} of this epoch merged"
+        assert 0 <= self.since_prune < self.policy.prune_every or not self.policy.retention
+        assert self.opened or not (flying or merging or closed), "acting before it opened"
+        assert not self.barrier or self.finished, "past the barrier with work left"
+        assert self.base is None or self.policy.pins_base, (
+            "a pinned base for a rule that reads none"
+        )
+
+    def _handle(self, event: Event) -> list[Instruction]:
+        if isinstance(event, Gathered):
+            return self._gathered()
+        if isinstance(event, AtBarrier):
+            return self._at_barrier()
         if isinstance(event, Opened):
             return self._opened(event)
         if isinstance(event, Tick):
@@ -177,13 +276,70 @@ class EpochState:
     def _submit(self, key: Key) -> list[Instruction]:
         self.submitted[key] += 1
         self.in_flight.add(key)
-        return [Submit(key, self.submitted[key])]
+        # A deferred shard of an earlier epoch trains from the head, pinned or not.
+        base = self.base if key[0] == self.policy.epoch else None
+        return [Submit(key, self.submitted[key], base)]
+
+    def _merge(self, key: Key, attempt_id: str) -> list[Instruction]:
+        """Merge now, or (``fold`` > 1) wait for :class:`Gathered` to merge with others."""
+        if self.policy.fold <= 1:
+            return [Merge(key, attempt_id)]
+        self.waiting.append((key, attempt_id))
+        return []
+
+    def _gathered(self) -> list[Instruction]:
+        """The waiting merges, up to ``fold`` of one epoch at a time, in order."""
+        out: list[Instruction] = []
+        while self.waiting:
+            epoch, n = self.waiting[0][0][0], 1
+            while (
+                n < min(len(self.waiting), self.policy.fold)
+                and self.waiting[n][0][0] == epoch  # never across an epoch's end
+            ):
+                n += 1
+            out.append(MergeGroup(tuple(self.waiting[:n])))
+            self.waiting = self.waiting[n:]
+        return out
+
+    def _at_barrier(self) -> list[Instruction]:
+        """What the barrier does: fail the epoch if nothing of it merged, else tidy,
+        evaluate the last epoch, prune, and let the next epoch act."""
+        if not self.finished or self.barrier:
+            raise RuntimeError(f"epoch {self.policy.epoch} is not at its barrier")
+        self.barrier = True
+        p = self.policy
+        out: list[Instruction] = [AwaitEvaluation()] if self.evaluating else []
+        self.evaluating = frozenset()
+        if self.merged == 0:
+            return [*out, FailEpoch(p.epoch)]
+        out.append(Settle())
+        if p.final:
+            # No next epoch to overlap with: evaluated now, before the run counts it
+            # done (a resumed driver evaluates it again).
+            out.append(Evaluate(p.epoch, None, p.eval_device))
+        # After the evaluation: the best version may have changed with it.
+        out += self._prune()
+        return [*out, Advance(p.epoch)]
+
+    def _prune(self) -> list[Instruction]:
+        self.since_prune = 0
+        return [Prune(self.evaluating)] if self.policy.retention else []
 
     def _opened(self, event: Opened) -> list[Instruction]:
         if self.opened:
             raise RuntimeError(f"epoch {self.policy.epoch} opened twice")
         self.opened, self.merged = True, event.merged
+        p = self.policy
+        if p.pins_base:
+            # Resumed part-way: the base its first merge started from.
+            self.base = event.first_merged - 1 if event.first_merged is not None else event.head
         out: list[Instruction] = []
+        if event.unevaluated is not None:
+            # The previous barrier's evaluation overlaps this epoch's first attempts
+            # and merges (a result merged late is a staler base for the next one).
+            epoch, version = event.unevaluated
+            out.append(Evaluate(epoch, version, p.eval_device, background=True))
+            self.evaluating = frozenset({version})
         if event.stranded:
             out.append(
                 Abandon(event.stranded, "killed", "lost with a previous driver or its cluster")
@@ -193,8 +349,8 @@ class EpochState:
         for a in sorted(event.leftovers, key=lambda a: (a.key, a.number)):
             if a.key in todo and a.key not in self.merging and a.state in MERGEABLE_ATTEMPT_STATES:
                 out.append(self._say(logging.INFO, a.key, "left by a previous driver: merging it"))
-                out.append(Merge(a.key, a.id))
                 self.merging[a.key] = True
+                out += self._merge(a.key, a.id)
         for key in todo:
             if key not in self.merging:
                 out += self._submit(key)
@@ -228,7 +384,7 @@ class EpochState:
             out.append(Abandon(rerun, "killed", "worker died; the task was re-run elsewhere"))
             self.tally["killed"] += len(rerun)
         self.merging[key] = False
-        return [*out, Merge(key, event.attempt_id)]
+        return [*out, *self._merge(key, event.attempt_id)]
 
     def _lost(self, key: Key, reason: str, attempts: Sequence[AttemptFact]) -> list[Instruction]:
         """The task brought no result (its worker died, or took nothing under notice)."""
@@ -256,6 +412,7 @@ class EpochState:
             raise RuntimeError(f"merge outcome for {key} without a merge in progress")
         leftover = self.merging.pop(key)
         self.tally[event.kind] += 1
+        out: list[Instruction] = []
         if event.kind in ("merged", "duplicate"):
             # Merged, by this attempt or (duplicate) by another one: done.
             self.closed[key] = "merged"
@@ -263,16 +420,19 @@ class EpochState:
                 self.merged += 1
             if event.kind == "duplicate":
                 return []
-            return [
+            out.append(
                 self._say(
                     logging.INFO,
                     key,
                     f"merged as v{event.version} (alpha {event.alpha or 0.0:.3f}, "
                     f"staleness {event.staleness})",
                 )
-            ]
+            )
+            self.since_prune += 1
+            if self.policy.retention and self.since_prune >= self.policy.prune_every:
+                out += self._prune()
+            return out
         why = f"{event.kind}: {event.reason}" if event.reason else event.kind
-        out: list[Instruction] = []
         if event.kind == "rejected":
             out.append(self._say(logging.WARNING, key, f"rejected: {event.reason}"))
         if leftover:

@@ -1,4 +1,4 @@
-"""A run's epoch subflows in order, the next one's Prefect set-up hidden behind the current one.
+"""The epoch loop: a run's epochs in order, the next one's set-up hidden behind the current one.
 
 Each epoch is its own Prefect flow run, and a flow run's boundary costs
 Prefect's API five round trips (create the next run, name it, set it
@@ -19,8 +19,9 @@ show as Running in Prefect's UI; the later one is waiting.
 A failed epoch stops the run: the next one, if started, gives up without
 touching anything and ends Cancelled. So does an interrupt of the train flow.
 
-Works around the cost of a flow run's boundary in Prefect 3.8's API. Guarded
-by ``tests/unit/test_pipeline.py`` and
+Pure threading: it knows neither Prefect nor Dask (``run_epoch`` is the
+epoch subflow). It exists for the cost of a flow run's boundary in Prefect
+3.8's API. Guarded by ``tests/unit/test_pipeline.py`` and
 ``tests/integration/test_train_flow.py::test_each_epoch_acts_only_after_the_previous_barrier``.
 """
 
