@@ -6,6 +6,7 @@ facts and acts on these answers.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -73,7 +74,9 @@ def pick_version(
         scored = [
             (sign * value, e.version)
             for e in evaluations
-            if e.split == "test" and (value := evaluation_metrics(e).get(metric)) is not None
+            if e.split == "test"
+            and (value := evaluation_metrics(e).get(metric)) is not None
+            and math.isfinite(value)  # a diverged version's NaN is never the best
         ]
         return max(scored)[1] if scored else head
     if str(spec).isdigit():

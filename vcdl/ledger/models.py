@@ -190,7 +190,7 @@ class Evaluation(SQLModel, table=True):
     epoch: int | None = None
     split: str
     accuracy: float | None = None  # classification only
-    loss: float
+    loss: float | None  # None: NaN (SQLite stores NaN as NULL); ``metrics`` keeps the NaN
     samples: int
     # JSON object of every metric the objective reports (loss, accuracy,
     # perplexity, token_accuracy, rmse, the user's own); None for rows

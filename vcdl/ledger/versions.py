@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 
 from sqlalchemy import Connection, func, insert, or_, select, update
@@ -119,8 +120,10 @@ class VersionQueries(LedgerBase):
                 version=version,
                 epoch=epoch,
                 split=split,
-                accuracy=accuracy,
-                loss=loss,
+                # A diverged model's NaN: NULL here on both backends (SQLite could
+                # store nothing else), the NaN itself in metrics. Never a refused row.
+                accuracy=None if accuracy is None or math.isnan(accuracy) else accuracy,
+                loss=None if math.isnan(loss) else loss,
                 samples=samples,
                 metrics=text,
                 created_at=models.utcnow(),
@@ -145,7 +148,7 @@ def evaluation_metrics(evaluation: Evaluation) -> dict[str, float]:
             return {str(k): float(v) for k, v in data.items() if isinstance(v, int | float)}
         except ValueError:
             pass
-    out = {"loss": evaluation.loss}
+    out = {"loss": math.nan if evaluation.loss is None else evaluation.loss}
     if evaluation.accuracy is not None:
         out["accuracy"] = evaluation.accuracy
     return out
