@@ -22,12 +22,13 @@ allow.
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import importlib.machinery
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,7 +155,13 @@ def import_callable(
     # Before anything is imported: the operator decides which modules may run.
     check_allowed(spec, what=what, builtins=builtins, error=error)
     try:
-        obj: Any = importlib.import_module(module_name)
+        with _no_exit():
+            obj: Any = importlib.import_module(module_name)
+    except _ExitAtImport as exc:
+        raise error(
+            f"{what} {spec!r}: module '{module_name}' called {exc} while being imported; a "
+            'module must not exit when imported (put that code under `if __name__ == "__main__":`)'
+        ) from None
     except ImportError as exc:
         raise error(
             f"{what} {spec!r}: cannot import module '{module_name}': {type(exc).__name__}: {exc}"
@@ -174,6 +181,33 @@ def import_callable(
     if not callable(obj):
         raise error(f"{what} {spec!r} is not callable (it is a {type(obj).__name__})")
     return obj
+
+
+class _ExitAtImport(Exception):
+    """A module called ``os._exit`` while it was being imported (see :func:`_no_exit`)."""
+
+
+@contextlib.contextmanager
+def _no_exit() -> Iterator[None]:
+    """Turn an exit at import (``sys.exit``, ``exit()``, ``os._exit``) into a refusal.
+
+    A user's module that exits when imported ended ``vcdl train`` with exit 0,
+    nothing trained and nothing said. ``SystemExit`` is caught; ``os._exit``
+    would end the process at once, past every handler, so it is replaced
+    while the import runs (this thread imports; no other calls it meanwhile).
+    """
+
+    def refuse(code: int) -> None:
+        raise _ExitAtImport(f"os._exit({code})")
+
+    real = os._exit
+    os._exit = refuse  # type: ignore[assignment]
+    try:
+        yield
+    except SystemExit as exc:
+        raise _ExitAtImport(f"sys.exit({exc.code!r})") from None
+    finally:
+        os._exit = real
 
 
 @dataclass(frozen=True)

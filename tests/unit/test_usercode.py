@@ -10,11 +10,15 @@ must still find its modules (CI once failed a later test on exactly this).
 from __future__ import annotations
 
 import importlib.machinery
+import os
 import sys
 import zipfile
 from pathlib import Path
 
-from vcdl.usercode import local_modules
+import pytest
+
+from vcdl.errors import ModelError
+from vcdl.usercode import grant, import_callable, local_modules, revoke_grants
 
 
 def test_a_deleted_code_archive_on_sys_path_is_skipped(tmp_path: Path) -> None:
@@ -35,3 +39,30 @@ def test_a_deleted_code_archive_on_sys_path_is_skipped(tmp_path: Path) -> None:
         while str(archive) in sys.path:
             sys.path.remove(str(archive))
         sys.path_importer_cache.pop(str(archive), None)
+
+
+@pytest.mark.parametrize(
+    ("body", "call"),
+    [
+        ("import sys\nsys.exit(0)\n", "sys.exit(0)"),
+        ("raise SystemExit('bye')\n", "sys.exit('bye')"),
+        ("import os\nos._exit(0)\n", "os._exit(0)"),
+    ],
+)
+def test_a_module_that_exits_at_import_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, call: str
+) -> None:
+    """It ended `vcdl train` with exit 0, nothing trained and nothing said."""
+    name = f"exits_{abs(hash(body))}"
+    (tmp_path / f"{name}.py").write_text(body + "def model():\n    return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    grant([name])
+    try:
+        with pytest.raises(ModelError) as err:
+            import_callable(f"{name}:model", what="model factory", builtins={}, error=ModelError)
+    finally:
+        revoke_grants()
+        sys.modules.pop(name, None)
+    message = str(err.value)
+    assert call in message and "__main__" in message and "\n" not in message
+    assert os._exit.__module__ in ("posix", "nt")  # the real one is back
