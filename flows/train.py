@@ -257,6 +257,9 @@ def _train(
                     logger.warning("preemptions sent: %s", chaos_thread.counts())
         except LeaseLost:
             raise  # the run is another driver's now: nothing more is written
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (vcdl.termination.Terminated)
+            ledger.update_run(ref.run, state="interrupted")
+            raise
         except BaseException:
             ledger.update_run(ref.run, state="failed")
             raise

@@ -34,7 +34,7 @@ from typing import Final, Literal, get_args
 
 from vcdl.errors import LedgerError
 
-RunState = Literal["created", "running", "completed", "failed"]
+RunState = Literal["created", "running", "completed", "failed", "interrupted"]
 SubtaskState = Literal["pending", "running", "merged", "failed", "dropped", "deferred"]
 AttemptState = Literal[
     "running",
@@ -54,7 +54,7 @@ ATTEMPT_STATES: Final = frozenset[str](get_args(AttemptState))
 
 # -- named subsets ----------------------------------------------------------------
 
-ENDED_RUN_STATES: Final = frozenset({"completed", "failed"})
+ENDED_RUN_STATES: Final = frozenset({"completed", "failed", "interrupted"})
 """A run in one of these is not being driven (until it is resumed)."""
 
 TERMINAL_SUBTASK_STATES: Final = frozenset({"merged", "dropped", "failed"})
@@ -106,11 +106,13 @@ ATTEMPT_MOVES: Final[Mapping[str, frozenset[str]]] = {
 }
 
 RUN_MOVES: Final[Mapping[str, frozenset[str]]] = {
-    "created": frozenset({"running", "failed"}),
-    "running": frozenset({"running", "completed", "failed"}),
-    # A finished or failed run is resumed (more epochs, or after a fix).
+    "created": frozenset({"running", "failed", "interrupted"}),
+    "running": frozenset({"running", "completed", "failed", "interrupted"}),
+    # A finished, failed or interrupted (Ctrl-C, SIGTERM) run is resumed (more
+    # epochs, after a fix, or where it stopped).
     "completed": frozenset({"running"}),
     "failed": frozenset({"running", "failed"}),
+    "interrupted": frozenset({"running", "failed", "interrupted"}),
 }
 
 
