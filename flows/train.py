@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from prefect import flow, get_run_logger
+from prefect.exceptions import TerminationSignal
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows.cluster import dask_cluster
@@ -257,7 +258,8 @@ def _train(
                     logger.warning("preemptions sent: %s", chaos_thread.counts())
         except LeaseLost:
             raise  # the run is another driver's now: nothing more is written
-        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (vcdl.termination.Terminated)
+        except (KeyboardInterrupt, TerminationSignal):
+            # Ctrl-C, or SIGTERM: vcdl.termination's, or Prefect's own while a flow runs.
             ledger.update_run(ref.run, state="interrupted")
             raise
         except BaseException:
