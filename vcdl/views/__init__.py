@@ -3,6 +3,7 @@
 :mod:`.status`, :mod:`.epochs` (the per-epoch projection), :mod:`.summary`
 (its text), :mod:`.goodput`, :mod:`.audit`, :mod:`.cost` and
 :mod:`.prices`, :mod:`.artifacts`, :mod:`.datasets` (a data set as
-``vcdl data`` shows it); while a run trains, :mod:`.observe` (what its
+``vcdl data`` shows it), :mod:`.story` (everything that happened to a
+subtask); while a run trains, :mod:`.observe` (what its
 driver tells listeners) and :mod:`.live` (the terminal's model).
 """
