@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from vcdl.cli import main
 from vcdl.ledger import Ledger
 from vcdl.views.story import format_stories, run_stories
 
@@ -44,3 +47,29 @@ def test_a_killed_and_reissued_subtask_tells_its_whole_story(tmp_path: Path) -> 
     assert doc["events"][0]["event"] == "attempt started" and "T" in doc["events"][0]["at"]
     assert format_stories([]) == "no subtask matches"
     ledger.close()
+
+
+def test_vcdl_story_prints_the_timeline_and_its_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    ledger.create_run("r", json.dumps({}), "r/v0", "s0")
+    ledger.ensure_subtasks("r", 0, 2)
+    a = ledger.start_attempt("r", 0, 0, "w1")
+    ledger.abandon_attempt(a.id, state="timeout", reason="past its deadline")
+    ledger.close()
+    home = ["--home", str(tmp_path)]
+
+    def vcdl(*args: str) -> int | str | None:
+        with pytest.raises(SystemExit) as ended:
+            main([*args, *home])
+        return ended.value.code
+
+    assert vcdl("story", "r", "--epoch", "0", "--shard", "0") in (0, None)
+    out = capsys.readouterr().out
+    assert out.startswith("epoch 0 shard 0: running, 1 attempt(s)")
+    assert "attempt 1 on w1: attempt timed out (past its deadline)" in out
+    assert vcdl("story", "r", "--json") in (0, None)
+    doc = json.loads(capsys.readouterr().out)
+    assert [s["shard"] for s in doc["subtasks"]] == [0, 1] and doc["subtasks"][1]["events"] == []
+    assert vcdl("story", "nope") == 2 and "no run 'nope'" in capsys.readouterr().err

@@ -6,7 +6,7 @@ command to its handler, and :func:`main` runs it:
 
 - :mod:`.train`: ``train``, ``resume``
 - :mod:`.chaos`: ``chaos``
-- :mod:`.runs`: ``runs``, ``status``, ``cost``, ``audit``, ``gc``
+- :mod:`.runs`: ``runs``, ``status``, ``story``, ``cost``, ``audit``, ``gc``
 - :mod:`.export`: ``export``, ``evaluate``
 - :mod:`.serve`: ``serve``
 - :mod:`.data`: ``data make``, ``data import``, ``data list``
@@ -46,6 +46,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "chaos": chaos.chaos_command,
     "runs": runs.runs_command,
     "status": runs.status_command,
+    "story": runs.story_command,
     "cost": runs.cost_command,
     "audit": runs.audit_command,
     "gc": runs.gc_command,

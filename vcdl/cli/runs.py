@@ -1,4 +1,5 @@
-"""``vcdl runs``, ``status``, ``cost``, ``audit`` and ``gc``: what the ledger says of runs."""
+"""``vcdl runs``, ``status``, ``story``, ``cost``, ``audit`` and ``gc``: what the ledger says
+of runs."""
 
 from __future__ import annotations
 
@@ -18,6 +19,16 @@ def add_parsers(sub: Subparsers, parents: Parents) -> None:
 
     s = sub.add_parser("status", parents=reporting, help="a run's state and history")
     s.add_argument("run")
+
+    st = sub.add_parser(
+        "story",
+        parents=reporting,
+        help="everything that happened to a run's subtasks: attempts, workers, kills, "
+        "reissues, rejections, the merge and its version",
+    )
+    st.add_argument("run")
+    st.add_argument("--epoch", type=int, help="only this epoch's subtasks")
+    st.add_argument("--shard", type=int, help="only this shard's subtask (of each epoch)")
 
     co = sub.add_parser("cost", parents=reporting, help="a run's cost, waste and spot savings")
     co.add_argument("run")
@@ -86,6 +97,19 @@ def status_command(args: argparse.Namespace) -> int:
     from vcdl import api
 
     print_summary(api.status(args.run, args.home, args.ledger), args.json)
+    return 0
+
+
+def story_command(args: argparse.Namespace) -> int:
+    from vcdl import api
+    from vcdl.views.story import format_stories, run_stories
+
+    ledger = api.existing_ledger(args.home, args.ledger)
+    ledger.get_run(args.run)  # a run that does not exist is an error, not an empty story
+    stories = run_stories(ledger, args.run, epoch=args.epoch, shard=args.shard)
+    doc = {"run": args.run, "subtasks": [s.to_dict() for s in stories]}
+    if not report(args, doc):
+        print(format_stories(stories))
     return 0
 
 
