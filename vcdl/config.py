@@ -2,7 +2,8 @@
 
 This module owns the schema of a run (sections run, data, model, train, merge,
 cluster, store, ledger, fault, cost, metrics), its defaults, validation and the one-line
-error messages for bad input. The same :class:`RunConfig` is the Prefect
+error messages for bad input; the merge section is :mod:`vcdl.merge.settings`'s,
+composed from the merge rules' own settings. The same :class:`RunConfig` is the Prefect
 ``train`` flow's parameter schema, so the Prefect UI renders a form from the
 field descriptions below.
 
@@ -10,8 +11,8 @@ Locations (``store.url``, ``ledger.url``) may be left empty: they then resolve
 under the vcdl home directory (``--home``, ``$VCDL_HOME`` or ``./.vcdl``),
 see :func:`resolve_home` and :meth:`RunConfig.with_locations`.
 
-Longer than ~500 lines on purpose: one class per config section, with the
-field descriptions the Prefect form shows; they are the schema's one home.
+Long on purpose: one class per config section, with the field descriptions
+the Prefect form shows; they are the schema's one home.
 """
 
 from __future__ import annotations
@@ -23,16 +24,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from vcdl.errors import ConfigError
+from vcdl.merge.settings import MergeSection
 from vcdl.redact import secret_keys, url_secrets
 
 HOME_ENV = "VCDL_HOME"
@@ -214,84 +209,6 @@ class TrainSection(_Section):
         if value is not None and not _IMPORT_PATH.fullmatch(value):
             raise ValueError("must be an import path 'package.module:function'")
         return value
-
-
-class MergeSection(_Section):
-    rule: Literal["vc_asgd", "delta", "average", "easgd", "diloco"] = Field(
-        "vc_asgd",
-        description="vc_asgd: W <- a*W + (1-a)*W_worker as results arrive. delta: "
-        "W <- W + (1-a)*(W_worker - W_base), the worker's own change from the version it "
-        "started from (stale results no longer pull the head back). average: every "
-        "shard of an epoch starts from the epoch's first version and the epoch's results "
-        "are averaged (synchronous baseline). easgd: elastic averaging, the head moves "
-        "towards each worker's variable and a worker's variable towards the head by 1-a. "
-        "diloco: an outer SGD step with Nesterov momentum m (outer_momentum) and learning "
-        "rate (1-a)(1-m) on each result's change from its base; the momentum is kept with "
-        "the versions, so a resumed run continues it.",
-    )
-    alpha: float = Field(0.5, ge=0, le=1, description="VC-ASGD alpha (weight of the head).")
-    schedule: Literal["constant", "linear", "cosine", "list"] = Field(
-        "constant", description="How alpha changes with the epoch."
-    )
-    alpha_end: float | None = Field(
-        None, ge=0, le=1, description="Final alpha for linear/cosine schedules."
-    )
-    alphas: list[float] | None = Field(
-        None, description="Alpha per epoch for the 'list' schedule (last value repeats)."
-    )
-    staleness: Literal["plain", "raise", "reject"] = Field(
-        "plain",
-        description="plain: ignore staleness; raise: alpha_eff = 1-(1-alpha)/(1+s)^p; "
-        "reject: drop results staler than max_staleness.",
-    )
-    staleness_power: float = Field(1.0, ge=0, le=100, description="p in the 'raise' policy.")
-    staleness_grace: int = Field(
-        0,
-        ge=0,
-        description="raise: staleness up to this is not damped (s' = max(0, s - grace)); "
-        "with N workers nearly every result is N-1 stale.",
-    )
-    max_staleness: int | None = Field(None, ge=0, description="Reject results staler than this.")
-    max_update_norm: float | None = Field(
-        None,
-        gt=0,
-        le=1e12,
-        description="Reject results whose L2 distance from their base exceeds this.",
-    )
-    result_precision: Literal["full", "bf16_delta", "int8_delta"] = Field(
-        "full",
-        description="How workers store their results: full (as trained), bf16_delta (the change "
-        "from the base version in bfloat16: half the bytes of float32) or int8_delta (the "
-        "change quantized per row with a float32 scale: about a quarter). The driver adds the "
-        "change back to the base version before merging.",
-    )
-    fold: int = Field(
-        1,
-        ge=1,
-        le=64,
-        description="Results that wait together (of one epoch) are merged in one pass that "
-        "writes only the last version: up to this many. The weights, alphas and staleness are "
-        "those of merging them one at a time; the versions between are recorded in the ledger "
-        "as never stored (pruned). 1 writes every version. Pays where merges bind (many "
-        "workers, big models): a version write costs about what reading a result does.",
-    )
-    outer_momentum: float = Field(
-        0.9, ge=0, lt=1, description="diloco: momentum of the outer SGD (the paper's 0.9)."
-    )
-    nesterov: bool = Field(True, description="diloco: Nesterov momentum (the paper's choice).")
-
-    @model_validator(mode="after")
-    def _check_schedule(self) -> MergeSection:
-        if self.schedule in ("linear", "cosine") and self.alpha_end is None:
-            raise ValueError(f"merge.alpha_end is required for the {self.schedule} schedule")
-        if self.schedule == "list" and not self.alphas:
-            raise ValueError("merge.alphas must list at least one alpha for the list schedule")
-        for a in self.alphas or []:
-            if not 0.0 <= a <= 1.0:
-                raise ValueError(f"merge.alphas: {a} is outside [0, 1]")
-        if self.staleness == "reject" and self.max_staleness is None:
-            raise ValueError("merge.max_staleness is required for the reject staleness policy")
-        return self
 
 
 class ClusterSection(_Section):

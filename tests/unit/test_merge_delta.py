@@ -20,7 +20,8 @@ from tests.unit.test_merge import (
     state_lists,
 )
 from vcdl.errors import MergeError
-from vcdl.merge import average, delta, validate_result, validated_delta, vc_asgd
+from vcdl.merge import average, validate_result, validated_delta, vc_asgd
+from vcdl.merge.delta import delta
 from vcdl.types import StateDict
 
 triples = state_lists(n=3)

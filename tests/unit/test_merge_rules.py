@@ -9,7 +9,8 @@ import torch
 
 from vcdl.config import MergeSection, parse_config
 from vcdl.driver.head_cache import HeadCache
-from vcdl.merge import delta, vc_asgd
+from vcdl.merge import vc_asgd
+from vcdl.merge.delta import delta
 from vcdl.merge.rules import RULES, STEP_KEY, Applied, MergeRule, merge_rule
 from vcdl.types import StateDict
 
