@@ -173,7 +173,7 @@ def preflight(cfg: RunConfig) -> None:
     # The run's own modules (beside its config, or here) import in this process too.
     specs = run_specs(cfg.model.factory, cfg.train.objective, cfg.train.metrics)
     importable_here(code_dirs(cfg.run.code_dir), specs)
-    objective = objective_for(cfg.train)
+    objective = objective_for(cfg.train, cfg.data.fields)
     ref = RunRef.from_config(cfg)
     info = ensure_dataset(ref.store(), cfg)
     check_sizes(cfg, info)

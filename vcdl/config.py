@@ -22,63 +22,32 @@ import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from vcdl.config_checks import (
+    no_nul_byte,
+    no_url_secrets,
+    scheduler_address_problem,
+    usable_path,
+)
 from vcdl.errors import ConfigError
 from vcdl.merge.settings import MergeSection
-from vcdl.redact import secret_keys, url_secrets
+from vcdl.redact import secret_keys
 
 HOME_ENV = "VCDL_HOME"
 DEFAULT_HOME = ".vcdl"
 # "package.module:attr.attr": what an import path of the user's code looks like.
 _IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
-
-
-def _no_nul_byte(value: str | None, what: str) -> str | None:
-    """``value`` unless it holds a NUL byte, which no OS path or URL can carry."""
-    if value is not None and "\x00" in value:
-        raise ValueError(f"must be {what} without a NUL byte")
-    return value
-
-
-# The longest name a file system takes for one file or directory (NAME_MAX).
-_NAME_MAX = 255
-
-
-def _usable_path(value: str | None) -> str | None:
-    """A path setting that the OS can take: no NUL byte, no name over NAME_MAX bytes,
-    no ``~user`` of an unknown user."""
-    if value is None:
-        return value
-    _no_nul_byte(value, "a path")
-    # surrogatepass: a lone surrogate counts its bytes here instead of raising.
-    if any(len(part.encode(errors="surrogatepass")) > _NAME_MAX for part in Path(value).parts):
-        raise ValueError(f"has a name longer than {_NAME_MAX} bytes (the file system's limit)")
-    try:
-        Path(value).expanduser()
-    except RuntimeError:
-        raise ValueError("names the home directory of an unknown user (~user)") from None
-    return value
-
-
-def scheduler_address_problem(address: str) -> str | None:
-    """What is wrong with a Dask scheduler address, or None if it looks like one.
-
-    Syntax only (scheme, host, port); whether a scheduler answers there is
-    another matter.
-    """
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(address if "://" in address else f"tcp://{address}")
-        port = parts.port
-    except ValueError:
-        port = None
-    if parts.scheme not in ("tcp", "tls", "ws", "wss") or not parts.hostname or not port:
-        return "expected an address such as tcp://127.0.0.1:8786"
-    return None
 
 
 class _Section(BaseModel):
@@ -107,7 +76,11 @@ class RunSection(_Section):
     @field_validator("code_dir")
     @classmethod
     def _code_dir(cls, value: str | None) -> str | None:
-        return _usable_path(value)
+        return usable_path(value)
+
+
+# A data set's field, or an objective's input: [data] fields maps one onto the other.
+_FieldName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 
 
 class DataSection(_Section):
@@ -125,6 +98,12 @@ class DataSection(_Section):
         description="Samples to generate for a built-in generated set (mnist1d).",
     )
     eval_batch_size: int = Field(1000, ge=1, le=1_000_000, description="Batch size for evaluation.")
+    fields: dict[_FieldName, _FieldName] = Field(
+        default_factory=dict,
+        description="A built-in objective's inputs mapped onto the data set's own field names, "
+        "e.g. { x = 'features', y = 'target' }; an input not named here is read under its own "
+        "name (classification and regression read x and y, causal_lm reads tokens).",
+    )
     cache_mb: int = Field(
         256,
         ge=0,
@@ -324,9 +303,9 @@ class StoreSection(_Section):
     @classmethod
     def _no_credentials_in_url(cls, url: str | None) -> str | None:
         if url is not None and "://" not in url:
-            url = _usable_path(url)  # a local directory
-        url = _no_nul_byte(url, "a directory or s3:// URL")
-        return _no_url_secrets(url, "use the AWS credential chain (env, profile, role)")
+            url = usable_path(url)  # a local directory
+        url = no_nul_byte(url, "a directory or s3:// URL")
+        return no_url_secrets(url, "use the AWS credential chain (env, profile, role)")
 
     @field_validator("storage_options")
     @classmethod
@@ -340,18 +319,6 @@ class StoreSection(_Section):
         return options
 
 
-def _no_url_secrets(url: str | None, instead: str) -> str | None:
-    """``url`` if it carries no credentials; else a one-line error naming where (not what)."""
-    if url:
-        found = url_secrets(url)
-        if found:
-            raise ValueError(
-                f"must not contain credentials ({', '.join(found)}): the config is recorded in "
-                f"the ledger and shown in Prefect; {instead}"
-            )
-    return url
-
-
 class LedgerSection(_Section):
     url: str | None = Field(
         None,
@@ -362,7 +329,7 @@ class LedgerSection(_Section):
     @field_validator("url")
     @classmethod
     def _supported_without_password(cls, url: str | None) -> str | None:
-        url = _no_url_secrets(_no_nul_byte(url, "a URL"), "set PGPASSWORD or use ~/.pgpass")
+        url = no_url_secrets(no_nul_byte(url, "a URL"), "set PGPASSWORD or use ~/.pgpass")
         backend = url.split("://", 1)[0].split("+", 1)[0] if url and "://" in url else None
         if url and backend not in ("sqlite", "postgresql"):
             # Checked here, before anything starts, not when the ledger is opened.
@@ -444,7 +411,7 @@ class CostSection(_Section):
     @field_validator("prices")
     @classmethod
     def _prices(cls, value: str | None) -> str | None:
-        return _usable_path(value)
+        return usable_path(value)
 
     worker_types: dict[str, str] = Field(
         default_factory=dict,

@@ -53,18 +53,47 @@ class Objective(ABC):
 
     name: ClassVar[str]
     fields: tuple[str, ...] = ()
-    """The data set's arrays a batch needs (empty: all of them)."""
+    """The data set's arrays a batch needs, under the data set's names (empty: all of them)."""
+    inputs: tuple[str, ...] = ()
+    """The objective's own names for them (``fields`` unless ``[data] fields`` renames)."""
     headline: ClassVar[str] = "loss"
     higher_is_better: ClassVar[bool] = False
 
+    def __init__(self) -> None:
+        self.inputs = self.fields
+
+    def bind(self, names: Mapping[str, str]) -> Objective:
+        """Read the inputs under the data set's own names (``[data] fields``: input -> field).
+
+        Raises :class:`ConfigError` naming an input this objective does not read.
+        """
+        unknown = sorted(set(names) - set(self.inputs))
+        if unknown:
+            reads = ", ".join(self.inputs) or "every field under its own name"
+            raise ConfigError(
+                f"data.fields maps {', '.join(unknown)}, which objective {self.name!r} does "
+                f"not read (it reads {reads})"
+            )
+        self.fields = tuple(names.get(f, f) for f in self.inputs)
+        return self
+
     def check(self, fields: Iterable[str]) -> None:
         """Raise :class:`DataError` if a data set with ``fields`` cannot serve this objective."""
-        missing = [f for f in self.fields if f not in set(fields)]
+        have = set(fields)
+        missing = [f for f in self.fields if f not in have]
         if missing:
+            own = [i for i, f in zip(self.inputs, self.fields, strict=True) if f in missing]
+            example = ", ".join(f'{i} = "<field>"' for i in own)
             raise DataError(
                 f"objective {self.name!r} needs the field(s) {', '.join(missing)}; the data set "
-                f"has {', '.join(sorted(fields))}"
+                f"has {', '.join(sorted(have))}: name yours in [data] fields = {{ {example} }}"
             )
+
+    def own_names(self, batch: Batch) -> Batch:
+        """A batch keyed by the data set's names, keyed by this objective's inputs instead."""
+        if self.fields == self.inputs:
+            return batch
+        return {i: batch[f] for i, f in zip(self.inputs, self.fields, strict=True)}
 
     def prepare(self, batch: Batch) -> Batch:
         """The stored arrays of a batch, cast for the model (default: as stored)."""
@@ -96,6 +125,7 @@ class Classification(Objective):
     higher_is_better = True
 
     def prepare(self, batch: Batch) -> Batch:
+        batch = self.own_names(batch)
         return {"x": batch["x"].float(), "y": batch["y"].long()}
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -116,6 +146,7 @@ class Regression(Objective):
     fields = ("x", "y")
 
     def prepare(self, batch: Batch) -> Batch:
+        batch = self.own_names(batch)
         return {"x": batch["x"].float(), "y": batch["y"].float()}
 
     def _pair(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,7 +169,7 @@ class CausalLM(Objective):
     fields = ("tokens",)
 
     def prepare(self, batch: Batch) -> Batch:
-        return {"tokens": batch["tokens"].long()}
+        return {"tokens": self.own_names(batch)["tokens"].long()}
 
     def _logits(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = batch["tokens"]
@@ -174,6 +205,7 @@ class Custom(Objective):
         loss_fn: Callable[[nn.Module, Batch], torch.Tensor],
         metrics_fn: Callable[[nn.Module, Batch], Mapping[str, float]] | None,
     ) -> None:
+        super().__init__()
         self.spec, self.loss_fn, self.metrics_fn = spec, loss_fn, metrics_fn
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -197,15 +229,23 @@ class Custom(Objective):
 _BUILTINS: dict[str, type[Objective]] = {o.name: o for o in (Classification, Regression, CausalLM)}
 
 
-def objective_for(train: TrainSection) -> Objective:
-    """The objective a run's ``train`` settings name (built-in, or import paths)."""
+def objective_for(train: TrainSection, fields: Mapping[str, str] | None = None) -> Objective:
+    """The objective a run's ``train`` settings name (built-in, or import paths).
+
+    ``fields``: ``[data] fields``, a built-in's inputs under the data set's names.
+    """
     spec = train.objective
     if spec in _BUILTINS:
         if train.metrics is not None:
             raise ConfigError(
                 f"train.metrics is for an objective given by import path, not {spec!r}"
             )
-        return _BUILTINS[spec]()
+        return _BUILTINS[spec]().bind(fields or {})
+    if fields:
+        raise ConfigError(
+            f"data.fields names a built-in objective's inputs; objective {spec!r} reads every "
+            "field of the data set under its own name: leave data.fields out"
+        )
     if train.metrics is not None:  # both allowed before either is imported
         check_allowed(train.metrics, what="metrics", builtins={}, error=ConfigError)
     loss_fn = import_callable(spec, what="objective", builtins={}, error=ConfigError)

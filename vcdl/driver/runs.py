@@ -261,7 +261,7 @@ def evaluate_version(
     store = ref.store()
     name = dataset or cfg.data.name
     info = open_dataset(store, name)
-    objective = objective_for(cfg.train)
+    objective = objective_for(cfg.train, cfg.data.fields)
     objective.check(info.fields)
     number, state = load_version(ref, number)
     arrays = read_arrays(store, name, split, fields=objective.fields or None)

@@ -1,0 +1,71 @@
+"""Checks of single config values that need no section: paths the OS can take, scheduler
+addresses, URLs without credentials.
+
+:mod:`vcdl.config`'s validators call these; each raises ``ValueError`` with the
+end of a one-line message (pydantic prefixes the key), or returns a problem.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vcdl.redact import url_secrets
+
+__all__ = ["NAME_MAX", "no_nul_byte", "no_url_secrets", "scheduler_address_problem", "usable_path"]
+
+
+def no_nul_byte(value: str | None, what: str) -> str | None:
+    """``value`` unless it holds a NUL byte, which no OS path or URL can carry."""
+    if value is not None and "\x00" in value:
+        raise ValueError(f"must be {what} without a NUL byte")
+    return value
+
+
+# The longest name a file system takes for one file or directory (NAME_MAX).
+NAME_MAX = 255
+
+
+def usable_path(value: str | None) -> str | None:
+    """A path setting that the OS can take: no NUL byte, no name over NAME_MAX bytes,
+    no ``~user`` of an unknown user."""
+    if value is None:
+        return value
+    no_nul_byte(value, "a path")
+    # surrogatepass: a lone surrogate counts its bytes here instead of raising.
+    if any(len(part.encode(errors="surrogatepass")) > NAME_MAX for part in Path(value).parts):
+        raise ValueError(f"has a name longer than {NAME_MAX} bytes (the file system's limit)")
+    try:
+        Path(value).expanduser()
+    except RuntimeError:
+        raise ValueError("names the home directory of an unknown user (~user)") from None
+    return value
+
+
+def scheduler_address_problem(address: str) -> str | None:
+    """What is wrong with a Dask scheduler address, or None if it looks like one.
+
+    Syntax only (scheme, host, port); whether a scheduler answers there is
+    another matter.
+    """
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(address if "://" in address else f"tcp://{address}")
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in ("tcp", "tls", "ws", "wss") or not parts.hostname or not port:
+        return "expected an address such as tcp://127.0.0.1:8786"
+    return None
+
+
+def no_url_secrets(url: str | None, instead: str) -> str | None:
+    """``url`` if it carries no credentials; else a one-line error naming where (not what)."""
+    if url:
+        found = url_secrets(url)
+        if found:
+            raise ValueError(
+                f"must not contain credentials ({', '.join(found)}): the config is recorded in "
+                f"the ledger and shown in Prefect; {instead}"
+            )
+    return url
