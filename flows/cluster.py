@@ -7,8 +7,8 @@ the flow's Prefect API URL in every worker's environment: without it each
 Dask worker starts its own temporary Prefect server (docs/stack.md).
 
 Every worker, also one that joins later, gets vcdl's worker plugins: the
-preemption-notice handler (:mod:`vcdl.worker.preemption`) and the warm-up
-(:mod:`flows.workarounds.warmup`). The epoch subflows submit through one task
+worker runtime, with the preemption-notice handler (:mod:`vcdl.worker.runtime`),
+and the warm-up (:mod:`flows.workarounds.warmup`). The epoch subflows submit through one task
 runner whose Dask client stays open for the whole run
 (:mod:`flows.workarounds.shared_runner`).
 """
@@ -72,7 +72,7 @@ def training_slots(cfg: RunConfig) -> int | None:
     """Attempts one worker trains at once, when vcdl started the cluster; else None.
 
     vcdl's LocalCluster gives each worker one Dask thread more than this (see
-    :func:`vcdl.worker.attempt.training_slot`). A cluster given by address keeps its
+    :class:`vcdl.worker.slots.TrainingSlots`). A cluster given by address keeps its
     own workers' thread counts: every thread may train, as before.
     """
     return None if cfg.cluster.address else cfg.cluster.threads_per_worker
@@ -175,7 +175,7 @@ def dask_cluster(cfg: RunConfig) -> Iterator[str]:
             n_workers=cfg.cluster.workers,
             # One thread more than the attempts a worker trains at once: Prefect's
             # engine sets up the next task while the current one trains (see
-            # vcdl.worker.attempt.training_slot).
+            # vcdl.worker.slots.TrainingSlots).
             threads_per_worker=cfg.cluster.threads_per_worker + 1,
             processes=True,
             memory_limit=cfg.cluster.memory_limit,
@@ -232,9 +232,11 @@ def register_worker_plugins(address: str) -> None:
     """Install vcdl's worker plugins; the scheduler re-applies them to workers that join later.
 
     Returns once every current worker has run their setup (the warm-up included).
+    The runtime's plugin is registered once per cluster: a later run on the same
+    fleet leaves each worker's runtime as it is.
     """
-    from vcdl.worker.preemption import PreemptionPlugin
+    from vcdl.worker.runtime import VcdlWorkerPlugin
 
     with Client(address, timeout=60) as client:
-        client.register_plugin(PreemptionPlugin())
+        client.register_plugin(VcdlWorkerPlugin())
         client.register_plugin(WarmupPlugin())

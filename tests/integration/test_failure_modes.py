@@ -23,6 +23,7 @@ from vcdl.store.paths import checkpoint_path, result_path, versions_prefix
 from vcdl.views.audit import audit_run
 from vcdl.worker import preemption
 from vcdl.worker.attempt import run_attempt
+from vcdl.worker.runtime import WorkerRuntime
 from vcdl.worker.slots import OWN_MERGE_WAIT
 
 
@@ -172,11 +173,12 @@ def test_corrupted_chunk_names_version_and_array(tmp_path: Path) -> None:
 
 def test_next_attempt_claims_the_head_with_its_process_s_last_result(tmp_path: Path) -> None:
     ref, cfg = make_run(tmp_path)
-    a = run_attempt(ref, 0, 0, config=cfg)
+    worker = WorkerRuntime()  # one worker process's: b waits for a's merge
+    a = run_attempt(ref, 0, 0, config=cfg, runtime=worker)
     # "The driver" merges a's result a moment after the worker recorded it.
     driver = threading.Timer(0.3, merge_attempt, args=(ref, str(a.attempt_id), cfg))
     driver.start()
-    b = run_attempt(ref, 0, 1, config=cfg)
+    b = run_attempt(ref, 0, 1, config=cfg, runtime=worker)
     driver.join()
     assert a.base_version == 0 and b.base_version == 1, (a.base_version, b.base_version)
     assert 0.2 < b.timings["await_merge"] < OWN_MERGE_WAIT, b.timings
@@ -184,13 +186,17 @@ def test_next_attempt_claims_the_head_with_its_process_s_last_result(tmp_path: P
 
 def test_waiting_for_the_last_merge_is_bounded(tmp_path: Path) -> None:
     ref, cfg = make_run(tmp_path)
-    run_attempt(ref, 0, 0, config=cfg)  # never merged: a driver that is busy or gone
-    b = run_attempt(ref, 0, 1, config=cfg)
+    worker = WorkerRuntime()
+    run_attempt(ref, 0, 0, config=cfg, runtime=worker)  # never merged: a driver busy or gone
+    b = run_attempt(ref, 0, 1, config=cfg, runtime=worker)
     assert b.base_version == 0
     assert OWN_MERGE_WAIT <= b.timings["await_merge"] < OWN_MERGE_WAIT + 0.5, b.timings
     # Pinned bases (the averaging rule) never wait.
-    c = run_attempt(ref, 0, 2, base_version=0, config=cfg)
+    c = run_attempt(ref, 0, 2, base_version=0, config=cfg, runtime=worker)
     assert "await_merge" not in c.timings
+    # Another process (a runtime of its own) never waits for this one's result.
+    d = run_attempt(ref, 0, 3, config=cfg, runtime=WorkerRuntime())
+    assert "await_merge" not in d.timings
 
 
 def test_staleness_reject_policy(tmp_path: Path) -> None:
@@ -230,15 +236,16 @@ def test_preemption_notice_gives_partial_result(tmp_path: Path) -> None:
 
 
 def test_sigterm_sets_the_notice() -> None:
-    preemption.reset_for_tests()
+    notice = preemption.Notice()
     previous = signal.getsignal(signal.SIGTERM)
     try:
-        assert preemption.install_handler()
+        assert notice.install()
         os.kill(os.getpid(), signal.SIGTERM)
-        assert preemption.notice_received()
+        assert notice.received() and notice.at is not None
+        notice.uninstall()
+        assert signal.getsignal(signal.SIGTERM) == previous  # put back as it was
     finally:
         signal.signal(signal.SIGTERM, previous)
-        preemption.reset_for_tests()
 
 
 def test_second_driver_is_refused(tmp_path: Path) -> None:

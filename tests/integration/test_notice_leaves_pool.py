@@ -13,16 +13,20 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from distributed import Client, LocalCluster, get_worker
+from distributed import Client, LocalCluster, Worker, get_worker
 
-from vcdl.worker import preemption
-from vcdl.worker.preemption import PreemptionPlugin
+from vcdl.worker.runtime import VcdlWorkerPlugin, runtime_of
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.alone]
 
 
+def _noticed(dask_worker: Worker | None = None) -> bool:
+    """In a task, or by ``Client.run`` (which hands the worker in)."""
+    return runtime_of(dask_worker or get_worker()).notice_received()
+
+
 def _where(_: int) -> tuple[str, bool]:
-    return get_worker().address, preemption.notice_received()
+    return get_worker().address, _noticed()
 
 
 def _hold(seconds: float) -> tuple[str, bool]:
@@ -44,7 +48,7 @@ def cluster() -> Iterator[tuple[Client, list[str]]]:
         ) as lc,
         Client(lc) as client,
     ):
-        client.register_plugin(PreemptionPlugin())
+        client.register_plugin(VcdlWorkerPlugin())
         yield client, sorted(client.scheduler_info(n_workers=-1)["workers"])
 
 
@@ -69,7 +73,7 @@ def test_noticed_worker_gets_no_new_tasks(cluster: tuple[Client, list[str]]) -> 
     places = [client.submit(_where, i, pure=False).result(timeout=30)[0] for i in range(12)]
     assert set(places) == {healthy}
     # Its process lives on (the grace period) and keeps its notice.
-    assert client.run(preemption.notice_received, workers=[noticed]) == {noticed: True}
+    assert client.run(_noticed, workers=[noticed]) == {noticed: True}
 
 
 def test_tasks_queued_before_the_notice_run_at_once(cluster: tuple[Client, list[str]]) -> None:

@@ -250,7 +250,7 @@ def test_failed_checkpoint_writes_reach_the_ledger_and_the_status(
 
 
 def test_a_worker_carries_its_optimizer_between_attempts_when_asked(tmp_path: Path) -> None:
-    from vcdl.worker import attempt as attempt_module
+    from vcdl.worker.runtime import WorkerRuntime
 
     cfg = parse_config(
         {
@@ -262,18 +262,18 @@ def test_a_worker_carries_its_optimizer_between_attempts_when_asked(tmp_path: Pa
     ).with_locations(tmp_path)
     ref, _, _ = prepare_run(cfg)
     steps = 8  # 800 training rows in batches of 100
+    worker = WorkerRuntime()  # one worker process's state, handed to each attempt
     for epoch in range(2):
         ref.ledger().ensure_subtasks(ref.run, epoch, 1)
-        outcome = run_attempt(ref, epoch, 0)
+        outcome = run_attempt(ref, epoch, 0, runtime=worker)
         assert outcome.attempt_id is not None
         merge_attempt(ref, outcome.attempt_id, cfg)
-        kept = attempt_module._OPTIMIZER[ref.run]
+        kept = worker.optimizer[ref.run]
         # The second attempt's Adam continued the first's: its step count runs on.
         assert int(kept["state"][0]["step"]) == steps * (epoch + 1)
-    attempt_module._OPTIMIZER.pop(ref.run)
 
     fresh = cfg.updated(run={"name": "fresh"}, train={"optimizer_state": "fresh"})
     ref2, _, _ = prepare_run(fresh)
     ref2.ledger().ensure_subtasks(ref2.run, 0, 1)
-    run_attempt(ref2, 0, 0)
-    assert ref2.run not in attempt_module._OPTIMIZER
+    run_attempt(ref2, 0, 0, runtime=worker)
+    assert ref2.run not in worker.optimizer

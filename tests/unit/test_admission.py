@@ -15,11 +15,9 @@ from vcdl.worker.admission import (
     admitted,
     attempt_bytes,
     evaluation_bytes,
-    gate_for,
     optimizer_copies,
-    reset_for_tests,
-    worker_gate,
 )
+from vcdl.worker.runtime import WorkerRuntime
 
 MB = 1 << 20
 
@@ -157,14 +155,27 @@ def test_baseline_is_read_again_when_the_last_attempt_ends() -> None:
 
 
 def test_no_gate_outside_a_worker_or_with_admission_off() -> None:
-    reset_for_tests()
-    assert worker_gate(0.7) is None  # this thread is no Dask worker's
-    assert worker_gate(0.0) is None
+    runtime = WorkerRuntime()
+    assert runtime.gate(0.7) is None  # this runtime is no Dask worker's
+    assert runtime.gate(0.0) is None
     with admitted(None, 10**12) as w:
         assert w == 0.0
-    g = gate_for(4 << 30, 0.7, rss=lambda: 0)
-    assert gate_for(4 << 30, 0.7) is g and g.budget == int((4 << 30) * 0.7)
-    reset_for_tests()
+    g = runtime.gate_for(4 << 30, 0.7, rss=lambda: 0)
+    assert runtime.gate_for(4 << 30, 0.7) is g and g.budget == int((4 << 30) * 0.7)
+    assert WorkerRuntime().gate_for(4 << 30, 0.7, rss=lambda: 0) is not g  # another runtime's own
+
+
+def test_a_worker_s_gate_follows_its_memory_limit() -> None:
+    import types
+
+    worker = types.SimpleNamespace(memory_manager=types.SimpleNamespace(memory_limit=4 << 30))
+    runtime = WorkerRuntime.for_worker(worker)
+    gate = runtime.gate(0.5)
+    assert gate is not None and gate.budget == 2 << 30
+    assert runtime.gate(0.5) is gate
+    assert runtime.gate(0.0) is None
+    worker.memory_manager.memory_limit = None  # no limit: nothing to admit against
+    assert WorkerRuntime.for_worker(worker).gate(0.5) is None
 
 
 def test_dispatch_phases_report_the_memory_wait() -> None:
@@ -207,15 +218,17 @@ def test_an_evaluation_is_gated_by_the_model_an_attempt_read_here() -> None:
 
     import torch
 
-    from flows import tasks
     from vcdl.config import parse_config
     from vcdl.worker.attempt import ShardData
+    from vcdl.worker.readahead import attempt_need, evaluation_need
 
     assert evaluation_bytes(100 * MB) == 200 * MB
     run = "eval-need-test"
     # Before any attempt of the run in this process: no estimate, no gating.
-    assert tasks.evaluation_need(run) == 0
+    runtime = WorkerRuntime()
+    assert evaluation_need(runtime, run) == 0
     model = torch.nn.Linear(1000, 250)  # 250,250 float32 parameters
     data = cast(ShardData, types.SimpleNamespace(model=model))
-    tasks._attempt_need(run, data, parse_config({}))
-    assert tasks.evaluation_need(run) == evaluation_bytes(250_250 * 4)
+    attempt_need(runtime, run, data, parse_config({}))
+    assert evaluation_need(runtime, run) == evaluation_bytes(250_250 * 4)
+    assert evaluation_need(WorkerRuntime(), run) == 0  # another process's

@@ -15,15 +15,17 @@ from tests.logrecords import RecordingHandler
 from vcdl.config import RunConfig
 from vcdl.runtime import RunRef
 from vcdl.worker import preemption
+from vcdl.worker.runtime import WorkerRuntime
 
 
 @pytest.fixture
-def under_notice() -> Iterator[None]:
-    preemption._NOTICE.set()
-    try:
-        yield
-    finally:
-        preemption.reset_for_tests()
+def under_notice(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    # The task runs in this process, outside any Dask worker: it is handed a
+    # runtime whose notice was taken, as a worker's after SIGTERM.
+    runtime = WorkerRuntime()
+    runtime.notice.set()
+    monkeypatch.setattr("flows.tasks.current_runtime", lambda: runtime)
+    yield
 
 
 @pytest.mark.usefixtures("prefect_api", "under_notice")

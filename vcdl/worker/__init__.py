@@ -1,7 +1,10 @@
 """The worker side: one attempt of one subtask, as a Dask worker runs it.
 
-:mod:`.attempt` (claim, read, train, write, record), :mod:`.loop` (the
-training loop and evaluation), :mod:`.checkpoints`, :mod:`.slots`,
-:mod:`.admission` (start an attempt only while it fits in memory),
-:mod:`.preemption` (notices), :mod:`.allocator` (glibc thresholds).
+:mod:`.runtime` (a worker process's state in one object, and the Dask
+plugin that creates and closes it), :mod:`.readahead` (read ahead, then a
+training slot and memory, around each attempt), :mod:`.attempt` (claim,
+read, train, write, record), :mod:`.loop` (the training loop and
+evaluation), :mod:`.checkpoints`, :mod:`.slots`, :mod:`.admission` (start an
+attempt only while it fits in memory), :mod:`.preemption` (notices),
+:mod:`.allocator` (glibc thresholds).
 """

@@ -19,8 +19,10 @@ says what to change.
   estimate while they run; one that does not fit waits for others to end.
   An attempt alone on its worker is always admitted (else a model too big
   for its worker would wait for ever; Dask's own limit then decides).
-* :func:`worker_gate` — the gate of the Dask worker this thread runs on, or
-  None where there is no memory limit or admission is off.
+* :class:`MemoryGates` — a process's gates, one per memory limit and
+  admission fraction; :meth:`MemoryGates.of_worker` is the gate of a Dask
+  worker, or None where there is no memory limit or admission is off. The
+  worker runtime (:mod:`vcdl.worker.runtime`) holds them.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -175,10 +178,6 @@ class MemoryGate:
         )
 
 
-_GATES: dict[tuple[int, float], MemoryGate] = {}
-_GATES_LOCK = threading.Lock()
-
-
 def process_rss() -> int:
     """This process's resident bytes."""
     import psutil
@@ -186,30 +185,32 @@ def process_rss() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
-def gate_for(limit: int, fraction: float, rss: Callable[[], int] = process_rss) -> MemoryGate:
-    """This process's gate for a memory ``limit`` and admission ``fraction`` (one per pair)."""
-    with _GATES_LOCK:
-        key = (limit, fraction)
-        if key not in _GATES:
-            _GATES[key] = MemoryGate(int(limit * fraction), rss)
-        return _GATES[key]
+class MemoryGates:
+    """A process's gates: one per memory limit and admission fraction."""
 
+    def __init__(self) -> None:
+        self._gates: dict[tuple[int, float], MemoryGate] = {}
+        self._lock = threading.Lock()
 
-def worker_gate(fraction: float) -> MemoryGate | None:
-    """The gate of the Dask worker running this thread; None without a limit, a worker or
-    admission (``fraction`` 0)."""
-    if fraction <= 0:
-        return None
-    try:
-        from distributed import get_worker
+    def gate_for(
+        self, limit: int, fraction: float, rss: Callable[[], int] = process_rss
+    ) -> MemoryGate:
+        """The gate for a memory ``limit`` and admission ``fraction`` (one per pair)."""
+        with self._lock:
+            key = (limit, fraction)
+            if key not in self._gates:
+                self._gates[key] = MemoryGate(int(limit * fraction), rss)
+            return self._gates[key]
 
-        worker = get_worker()
-    except ValueError:  # not in a Dask worker (the flow in tests, a thread pool)
-        return None
-    limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
-    if not limit:
-        return None
-    return gate_for(int(limit), fraction)
+    def of_worker(self, worker: Any | None, fraction: float) -> MemoryGate | None:
+        """The gate of Dask ``worker``; None without a limit, a worker or admission
+        (``fraction`` 0)."""
+        if fraction <= 0 or worker is None:
+            return None
+        limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
+        if not limit:
+            return None
+        return self.gate_for(int(limit), fraction)
 
 
 @contextmanager
@@ -225,8 +226,3 @@ def admitted(
         return
     with gate.hold(need, before_wait, stop) as waited:
         yield waited
-
-
-def reset_for_tests() -> None:
-    with _GATES_LOCK:
-        _GATES.clear()

@@ -9,7 +9,10 @@ or Dask, so it runs the same in a test, a thread or a remote worker.
 Safe to run twice: an attempt for a subtask that is already merged (a retry
 or a duplicate that arrives late) is recorded and skipped without training.
 
-The worker process's training slots and its wait for its own last merge are
+What an attempt leaves for the next in the same process (the optimizer's
+state, EASGD's own variable, the result whose merge the next awaits) is kept
+in the :class:`~vcdl.worker.runtime.WorkerRuntime` handed to it; the worker
+process's training slots and its wait for its own last merge are
 :mod:`vcdl.worker.slots`.
 """
 
@@ -21,7 +24,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import numpy as np
 import torch
@@ -43,15 +45,8 @@ from vcdl.store.paths import checkpoint_path, result_path
 from vcdl.types import StateDict
 from vcdl.worker.checkpoints import FAILURES_KEY, CheckpointWriter
 from vcdl.worker.loop import train_attempt
-from vcdl.worker.slots import _UNMERGED, await_own_merge
-
-# run -> the optimizer state this worker's last attempt of the run ended with
-# (train.optimizer_state = "worker"). In memory only: a restarted worker starts fresh.
-_OPTIMIZER: dict[str, dict[str, Any]] = {}
-# run -> this worker's last result of the run, for merge rules that keep a
-# variable per worker (EASGD). In memory only, like the optimizer state.
-_OWN_RESULT: dict[str, StateDict] = {}
-"""Seconds an attempt waits at most for the previous result of its process to be merged."""
+from vcdl.worker.runtime import WorkerRuntime, current_runtime
+from vcdl.worker.slots import await_own_merge
 
 
 @dataclass
@@ -231,6 +226,7 @@ def run_attempt(
     should_stop: Callable[[], bool] | None = None,
     config: RunConfig | None = None,
     data: ShardData | None = None,
+    runtime: WorkerRuntime | None = None,
 ) -> AttemptOutcome:
     """Claim, train and record one attempt of subtask (run, epoch, shard).
 
@@ -238,7 +234,13 @@ def run_attempt(
     averaging rule pins every shard of an epoch to the epoch's first version.
     ``data`` is the subtask's :func:`load_shard`, when the caller read it
     ahead; without it (or for another subtask) the attempt reads its own.
+    ``runtime`` is the worker process's state the attempt reads and leaves
+    (:mod:`vcdl.worker.runtime`); without it, the Dask worker's this thread
+    runs on, else a fresh one: outside a worker, an attempt carries nothing
+    over from another unless both are handed the same runtime.
     """
+    if runtime is None:
+        runtime = current_runtime() or WorkerRuntime()
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     ledger = ref.ledger(fenced=False)  # the claim alone is fenced (lease=, below)
@@ -259,7 +261,9 @@ def run_attempt(
     resume = resume_point(store, earlier) if cfg.fault.checkpoint_seconds else None
     resumed = time.perf_counter() - t
     # Not part of the claim's time: the worker is idle meanwhile, and shows so.
-    awaited = await_own_merge(ref) if base_version is None and resume is None else 0.0
+    awaited = (
+        await_own_merge(runtime.unmerged, ref) if base_version is None and resume is None else 0.0
+    )
     deadline = datetime.now(UTC) + timedelta(seconds=cfg.fault.attempt_timeout)
     attempt = ledger.start_attempt(
         ref.run,
@@ -295,7 +299,7 @@ def run_attempt(
             if rule.worker_variable:
                 # EASGD: this worker's own variable, pulled towards the head it read.
                 alpha = rule.alpha(epoch, cfg.run.epochs, 0, 0) or 0.0
-                base = rule.start(base, _OWN_RESULT.pop(ref.run, None), alpha)
+                base = rule.start(base, runtime.own_result.pop(ref.run, None), alpha)
             timings["read"] = time.perf_counter() - t
 
         def save(state: StateDict, samples: int, seconds: float) -> None:
@@ -347,13 +351,13 @@ def run_attempt(
             ),
             # Taken, not shared: the optimizer updates these tensors in place,
             # and a concurrent attempt in this process must not see them move.
-            optimizer_state=_OPTIMIZER.pop(ref.run, None) if keep_optimizer else None,
+            optimizer_state=runtime.optimizer.pop(ref.run, None) if keep_optimizer else None,
         )
         timings["train"] = result.train_seconds
         if keep_optimizer and result.optimizer_state is not None:
-            _OPTIMIZER[ref.run] = result.optimizer_state
+            runtime.optimizer[ref.run] = result.optimizer_state
         if merge_rule(cfg.merge).worker_variable:
-            _OWN_RESULT[ref.run] = result.state
+            runtime.own_result[ref.run] = result.state
 
         t = time.perf_counter()
         path = result_path(ref.run, epoch, shard, attempt.id)
@@ -406,7 +410,7 @@ def run_attempt(
             written_bytes=written.bytes,
         )
         timings["record"] = time.perf_counter() - t
-        _UNMERGED[ref.run] = attempt.id
+        runtime.unmerged[ref.run] = attempt.id
         # The result supersedes the checkpoints it grew from.
         if own_checkpoint:
             drop_checkpoint(ref, attempt.id)

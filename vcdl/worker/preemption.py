@@ -2,8 +2,9 @@
 
 Spot fleets warn before they reclaim a machine (AWS: two minutes, GCP: thirty
 seconds; Kubernetes sends SIGTERM and waits ``terminationGracePeriodSeconds``).
-:class:`PreemptionPlugin` installs a SIGTERM handler in every Dask worker
-process; a running attempt polls :func:`notice_received` at each batch
+:class:`Notice` is one worker process's: the worker runtime's plugin
+(:mod:`vcdl.worker.runtime`) installs its SIGTERM handler in every Dask worker
+process; a running attempt polls :meth:`Notice.received` at each batch
 boundary, stops, and writes a partial result with the number of samples it
 processed. The run's ``fault.partial`` policy then merges it scaled by the
 fraction processed, or discards it and reissues the subtask.
@@ -28,16 +29,7 @@ import time
 from types import FrameType
 from typing import Any
 
-from distributed.diagnostics.plugin import WorkerPlugin
-
 log = logging.getLogger(__name__)
-
-_NOTICE = threading.Event()
-_NOTICE_AT: list[float] = []
-# The Dask worker of this process, set by the plugin: the notice takes it out
-# of the scheduler's pool.
-_WORKER: list[Any] = []
-
 
 #: ``state`` of the result a task returns when its worker, under notice, took no attempt.
 PREEMPTED = "preempted"
@@ -51,24 +43,6 @@ def preempted_result(worker: str) -> dict[str, Any]:
     what is vcdl working as designed; a result is logged at INFO.
     """
     return {"state": PREEMPTED, "worker": worker, "reason": "worker has a preemption notice"}
-
-
-def notice_received() -> bool:
-    """True once this process got a preemption notice (SIGTERM)."""
-    return _NOTICE.is_set()
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    # Only flag it: the attempt stops at a batch boundary and the grace
-    # period's SIGKILL (or the orchestrator) ends the process.
-    if not _NOTICE.is_set():
-        _NOTICE_AT.append(time.time())
-        _NOTICE.set()
-        log.warning("preemption notice received: finishing the current batch")
-        for worker in _WORKER:
-            # A signal handler must not touch the worker's state: its event
-            # loop does, as soon as the handler returns.
-            worker.loop.add_callback(leave_pool, worker)
 
 
 def leave_pool(worker: Any) -> None:
@@ -96,28 +70,54 @@ def leave_pool(worker: Any) -> None:
     log.warning("preemption notice: %s takes no new tasks", worker.address)
 
 
-def install_handler() -> bool:
-    """Install the SIGTERM handler; only possible from the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        return False
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    return True
+class Notice:
+    """One process's preemption notice: set by SIGTERM, once, and when it came.
 
+    ``worker`` is the Dask worker of the process, if any: the notice takes it
+    out of the scheduler's pool (:func:`leave_pool`).
+    """
 
-def reset_for_tests() -> None:
-    _NOTICE.clear()
-    _NOTICE_AT.clear()
-    _WORKER.clear()
+    def __init__(self, worker: Any | None = None) -> None:
+        self.worker = worker
+        self._event = threading.Event()
+        self.at: float | None = None
+        """Wall-clock time of the notice; None before one."""
+        self._previous: Any = None
+        self._installed = False
 
+    def received(self) -> bool:
+        """True once this process got a preemption notice (SIGTERM)."""
+        return self._event.is_set()
 
-class PreemptionPlugin(WorkerPlugin):
-    """Registered on every worker (also on workers that join later)."""
+    def set(self) -> None:
+        """Take the notice (what SIGTERM does); later calls change nothing."""
+        if self._event.is_set():
+            return
+        self.at = time.time()
+        self._event.set()
+        log.warning("preemption notice received: finishing the current batch")
+        if self.worker is not None:
+            # A signal handler must not touch the worker's state: its event
+            # loop does, as soon as the handler returns.
+            self.worker.loop.add_callback(leave_pool, self.worker)
 
-    name = "vcdl-preemption"
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        # Only flag it: the attempt stops at a batch boundary and the grace
+        # period's SIGKILL (or the orchestrator) ends the process.
+        self.set()
 
-    def setup(self, worker: Any) -> None:
-        _WORKER[:] = [worker]
-        # setup runs on the worker's event loop; with a nanny that loop is the
-        # worker process's main thread, where signal handlers may be set.
-        if not install_handler():
-            worker.loop.add_callback(install_handler)
+    def install(self) -> bool:
+        """Install the SIGTERM handler; only possible from the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._installed = True
+        return True
+
+    def uninstall(self) -> None:
+        """Put back the handler :meth:`install` replaced, where this one is still installed."""
+        if not self._installed or threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+            signal.signal(signal.SIGTERM, self._previous)
+        self._installed = False

@@ -2,56 +2,64 @@
 
 A worker may run more Dask tasks than it trains at once, so that the
 orchestrator's per-task work for the next attempt overlaps the current
-one's training (:func:`training_slot`); the next attempt then waits briefly
+one's training (:class:`TrainingSlots`); the next attempt then waits briefly
 until the driver has merged this process's previous result, so that it does
-not claim a head without it (:func:`await_own_merge`).
+not claim a head without it (:func:`await_own_merge`). The worker runtime
+(:mod:`vcdl.worker.runtime`) holds both: the slots and, per run, the last
+result not yet known to be merged.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 
 from vcdl.errors import LedgerError
 from vcdl.runtime import RunRef
 from vcdl.states import MERGEABLE_ATTEMPT_STATES
 
-_SLOTS: dict[int, threading.Semaphore] = {}
-
-_SLOTS_LOCK = threading.Lock()
-
-
-# Per run, this process's last recorded result the driver may not have merged yet.
-_UNMERGED: dict[str, str] = {}
-
 OWN_MERGE_WAIT = 1.0
+"""Seconds an attempt waits at most for the previous result of its process to be merged."""
 
 
-@contextmanager
-def training_slot(slots: int | None) -> Iterator[None]:
-    """Hold one of this process's ``slots`` places to train, waiting while all are taken.
+class TrainingSlots:
+    """A process's places to train: one semaphore per slot count asked for."""
 
-    A worker with one Dask thread more than it has slots starts the next task
-    while the current one trains: Prefect's engine sets the next task up in
-    the meantime (~0.1 s of CPU per task, seconds on a loaded machine), and
-    the next attempt claims its base version the moment the slot frees, not
-    earlier, so it still trains from the freshest head. With as many threads
-    as slots it never waits; ``None`` means no limit.
-    """
-    if slots is None:
-        yield
-        return
-    with _SLOTS_LOCK:
-        slot = _SLOTS.setdefault(slots, threading.Semaphore(slots))
-    with slot:
-        yield
+    def __init__(self) -> None:
+        self._slots: dict[int, threading.Semaphore] = {}
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def hold(self, slots: int | None) -> Iterator[None]:
+        """Hold one of this process's ``slots`` places to train, waiting while all are taken.
+
+        A worker with one Dask thread more than it has slots starts the next task
+        while the current one trains: Prefect's engine sets the next task up in
+        the meantime (~0.1 s of CPU per task, seconds on a loaded machine), and
+        the next attempt claims its base version the moment the slot frees, not
+        earlier, so it still trains from the freshest head. With as many threads
+        as slots it never waits; ``None`` means no limit.
+        """
+        if slots is None:
+            yield
+            return
+        with self._lock:
+            slot = self._slots.setdefault(slots, threading.Semaphore(slots))
+        with slot:
+            yield
 
 
-def await_own_merge(ref: RunRef, timeout: float = OWN_MERGE_WAIT, poll: float = 0.02) -> float:
+def await_own_merge(
+    unmerged: MutableMapping[str, str],
+    ref: RunRef,
+    timeout: float = OWN_MERGE_WAIT,
+    poll: float = 0.02,
+) -> float:
     """Wait until this process's previous result of the run left the ledger's "finished" state.
 
+    ``unmerged``: per run, the process's last recorded attempt (taken here).
     VC-ASGD trains from the head at claim time. A worker that starts its next
     attempt the moment it recorded the previous one (the spare Dask thread)
     claimed a head without its own last result, which the driver merges tens
@@ -60,7 +68,7 @@ def await_own_merge(ref: RunRef, timeout: float = OWN_MERGE_WAIT, poll: float = 
     Waiting is bounded by ``timeout``: a busy or dead driver costs that much
     once, not the run. Returns the seconds waited.
     """
-    last = _UNMERGED.pop(ref.run, None)
+    last = unmerged.pop(ref.run, None)
     if last is None:
         return 0.0
     ledger = ref.ledger()
