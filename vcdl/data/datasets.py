@@ -140,11 +140,15 @@ class DatasetInfo:
         value = self.hints.get("num_classes")
         return int(value) if value is not None else None
 
-    def factory_hints(self) -> dict[str, Any]:
-        """What a model factory may take from the data set, by keyword (see vcdl.models)."""
+    def factory_hints(self, x: str = "x") -> dict[str, Any]:
+        """What a model factory may take from the data set, by keyword (see vcdl.models).
+
+        ``x``: the field the model's input is read from (``[data] fields``' ``x``).
+        """
         hints = {k: v for k, v in self.hints.items() if v is not None}
-        if self.input_shape is not None:
-            hints["input_shape"] = self.input_shape
+        row = self.splits["train"].arrays.get(x)
+        if row is not None:
+            hints["input_shape"] = row.shape
         return hints
 
 

@@ -92,7 +92,9 @@ def check_sizes(cfg: RunConfig, info: DatasetInfo) -> None:
 def new_model(cfg: RunConfig, info: DatasetInfo) -> nn.Module:
     """The run's model, initialized from the run's seed."""
     torch.manual_seed(cfg.run.seed)
-    return build_model(cfg.model.factory, cfg.model.kwargs, hints=info.factory_hints())
+    return build_model(
+        cfg.model.factory, cfg.model.kwargs, hints=info.factory_hints(cfg.data.fields.get("x", "x"))
+    )
 
 
 def _differences(old: RunConfig, new: RunConfig) -> list[str]:

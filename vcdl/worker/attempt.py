@@ -142,7 +142,7 @@ def load_shard(ref: RunRef, epoch: int, shard: int, config: RunConfig | None = N
     store = ref.store()
     cfg = config if config is not None else ref.config()
     info = open_dataset(store, cfg.data.name)
-    objective = objective_for(cfg.train)
+    objective = objective_for(cfg.train, cfg.data.fields)
     split = info.splits["train"]
     block = split.rows_per_chunk if cfg.data.plan == "blocks" else None
     rows = shard_indices(info.n_train, cfg.data.shards, cfg.run.seed, epoch, shard, block=block)
@@ -162,7 +162,9 @@ def load_shard(ref: RunRef, epoch: int, shard: int, config: RunConfig | None = N
         # Larger than the cache: read block by block while training, never whole.
         arrays = stream_rows(store, cfg.data.name, "train", rows, fields=fields)
         counter = arrays.counter
-    model = build_model(cfg.model.factory, cfg.model.kwargs, hints=info.factory_hints())
+    model = build_model(
+        cfg.model.factory, cfg.model.kwargs, hints=info.factory_hints(cfg.data.fields.get("x", "x"))
+    )
     return ShardData(
         (ref.run, epoch, shard), arrays, model, objective, time.perf_counter() - t, counter
     )
