@@ -46,12 +46,23 @@ if TYPE_CHECKING:
     from vcdl.store import WeightStore
 
 __all__ = [
+    "allow_own_code",
+    "check_chaos",
+    "check_scheduler",
+    "collect_garbage",
+    "data_store",
     "existing_ledger",
+    "import_dataset",
     "load_config",
+    "make_dataset",
+    "preflight",
+    "prepare_prefect",
     "recorded_config",
     "resolve",
     "resume",
     "run",
+    "run_cost",
+    "run_on_terminal",
     "run_ref",
     "status",
     "train",
