@@ -2,4 +2,6 @@
 
 from vcdl.cli import main
 
-main()
+# Guarded: importing the module (pkgutil.walk_packages, a docs tool) runs nothing.
+if __name__ == "__main__":
+    main()
