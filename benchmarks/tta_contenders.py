@@ -238,11 +238,11 @@ def _first_submit_mark(on_first: Callable[[float], None]) -> Iterator[list[float
     original = EpochExecutor.submit
     marks: list[float] = []
 
-    def submit(self: EpochExecutor, key: tuple[int, int], number: int) -> None:
+    def submit(self: EpochExecutor, key: tuple[int, int], number: int, base: int | None) -> None:
         if not marks:
             marks.append(time.time())
             on_first(marks[0])
-        original(self, key, number)
+        original(self, key, number, base)
 
     EpochExecutor.submit = submit  # type: ignore[method-assign]
     try:

@@ -76,6 +76,10 @@ def _reap(group: int, processes: list[psutil.Process]) -> None:
             p.kill()
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _ctrl_c(driver: psutil.Process, children: list[psutil.Process]) -> None:
     os.killpg(driver.pid, signal.SIGINT)  # what a terminal does
 
@@ -125,6 +129,9 @@ def test_a_run_stopped_three_ways_winds_down_in_seconds_and_resumes(tmp_path: Pa
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
                 start_new_session=True,  # its own group, as a terminal's foreground job
+                # As a terminal's job gets it: a suite started in the background by a
+                # shell without job control inherits SIGINT ignored, and so would the driver.
+                preexec_fn=_sigint_default,
             )
         children: list[psutil.Process] = []
         try:

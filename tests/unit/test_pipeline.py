@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -171,9 +172,16 @@ def test_an_interrupt_stops_the_draining_epoch_and_is_raised() -> None:
             raise
         gate.passed.set()
 
-    threading.Timer(0.2, _thread.interrupt_main).start()  # Ctrl-C in the train flow
-    started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        run_epochs(run_epoch, [0, 1])
+    # Ctrl-C in the train flow. Python's own handler, as in a terminal: a suite started in
+    # the background by a shell without job control inherits SIGINT ignored, and then
+    # interrupt_main does nothing.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Timer(0.2, _thread.interrupt_main).start()
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            run_epochs(run_epoch, [0, 1])
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert stopped == ["epoch 0 not finished: the run is stopping"]
     assert time.monotonic() - started < 5
