@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from vcdl.errors import ConfigError, LeaseHeld, LeaseLost
@@ -73,24 +73,13 @@ def _dead_local_owner(owner: str | None) -> bool:
     return False
 
 
-@dataclass
+@dataclass(frozen=True)
 class Lease:
-    """The lease a driver holds: its owner string and its generation (the fencing token).
-
-    ``lost`` is set when a renewal found that the run's lease has passed on;
-    :meth:`check` raises :class:`LeaseLost` then.
-    """
+    """The lease a driver holds: its owner string and its generation (the fencing token)."""
 
     run: str
     owner: str
     generation: int
-    lost: threading.Event = field(default_factory=threading.Event)
-    why: LeaseLost | None = None
-
-    def check(self) -> None:
-        """Raise :class:`LeaseLost` if a renewal found the lease gone."""
-        if self.why is not None:
-            raise self.why
 
 
 @contextmanager
@@ -108,8 +97,9 @@ def run_lease(
     most ``ttl`` seconds) instead of refused. The lease's generation fences
     the driver's writes: use ``ref.leased(lease.generation)`` for everything
     done under it. A renewal that finds the lease gone (this process was
-    paused past it and another driver took the run) stops renewing and sets
-    :attr:`Lease.lost`; from then on every fenced write is refused.
+    paused past it and another driver took the run) stops renewing and
+    says so in the log; from then on every fenced write is refused, and the
+    driver finds out at its next one (or its epoch loop's next poll).
     """
     ttl = lease_ttl() if ttl is None else ttl
     ledger, owner = ref.ledger(fenced=False), _owner()
@@ -133,8 +123,6 @@ def run_lease(
             try:
                 ledger.renew_lease(ref.run, owner, generation, ttl)
             except LeaseLost as exc:
-                lease.why = exc
-                lease.lost.set()
                 log.error("%s", exc)
                 return
             except Exception as exc:  # a ledger that is down: keep trying until it expires
