@@ -35,6 +35,7 @@ from pydantic import (
 )
 
 from vcdl.config_checks import (
+    NumbersAreNumbers,
     no_nul_byte,
     no_url_secrets,
     scheduler_address_problem,
@@ -50,7 +51,7 @@ DEFAULT_HOME = ".vcdl"
 _IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 
-class _Section(BaseModel):
+class _Section(NumbersAreNumbers):
     # extra="forbid": a misspelt key must fail loudly, not be ignored. No float
     # may be NaN or infinite: every number of a run is a finite amount.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -63,7 +64,9 @@ class RunSection(_Section):
         pattern=r"^[A-Za-z0-9_.-]+$",
         max_length=100,
     )
-    seed: int = Field(0, ge=0, description="Seed for model init, shard plans and training.")
+    seed: int = Field(
+        0, ge=0, le=2**32 - 1, description="Seed for model init, shard plans and training."
+    )
     epochs: int = Field(5, ge=1, le=100_000, description="Epochs to train.")
     code_dir: str | None = Field(
         None,
@@ -77,6 +80,15 @@ class RunSection(_Section):
     @classmethod
     def _code_dir(cls, value: str | None) -> str | None:
         return usable_path(value)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        # A run's name is a path component of the store and the log: not "." or "..",
+        # nor a "__" name, which Zarr keeps for itself.
+        if value is not None and (set(value) == {"."} or value.startswith("__")):
+            raise ValueError(f"{value!r} cannot name a run: not only dots, not starting with '__'")
+        return value
 
 
 # A data set's field, or an objective's input: [data] fields maps one onto the other.
@@ -582,19 +594,36 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     return out
 
 
+CONFIG_MAX_BYTES = 1 << 20
+"""A run config is a few KiB; past this a file is something else (``/dev/zero`` reads forever)."""
+
+
 def read_toml(path: str | Path) -> dict[str, Any]:
-    """Read a TOML file, turning every failure into a one-line ConfigError."""
+    """Read a TOML file, turning every failure into a one-line ConfigError.
+
+    Only a regular file of at most :data:`CONFIG_MAX_BYTES` is read (a FIFO
+    or a device would block or never end).
+    """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} not found") from None
+        if not path.is_file():
+            what = "not found" if not path.exists() else "is not a regular file (a TOML file)"
+            raise ConfigError(f"config file {path} {what}")
+        with path.open("rb") as f:
+            raw = f.read(CONFIG_MAX_BYTES + 1)
+        if len(raw) > CONFIG_MAX_BYTES:
+            raise ConfigError(
+                f"config file {path} is over {CONFIG_MAX_BYTES >> 20} MiB: not a config"
+            )
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path} nests tables too deeply to be a config") from None
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:

@@ -1,5 +1,5 @@
 """Checks of single config values that need no section: paths the OS can take, scheduler
-addresses, URLs without credentials.
+addresses, URLs without credentials, numbers that are numbers.
 
 :mod:`vcdl.config`'s validators call these; each raises ``ValueError`` with the
 end of a one-line message (pydantic prefixes the key), or returns a problem.
@@ -8,10 +8,44 @@ end of a one-line message (pydantic prefixes the key), or returns a problem.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, get_args
+
+from pydantic import BaseModel, ValidationInfo, field_validator
 
 from vcdl.redact import url_secrets
 
-__all__ = ["NAME_MAX", "no_nul_byte", "no_url_secrets", "scheduler_address_problem", "usable_path"]
+__all__ = [
+    "NAME_MAX",
+    "NumbersAreNumbers",
+    "no_nul_byte",
+    "no_url_secrets",
+    "scheduler_address_problem",
+    "usable_path",
+]
+
+
+def _is_number(annotation: Any) -> bool:
+    """An int or float field (optional or not); never a bool one."""
+    kinds = {a for a in (get_args(annotation) or (annotation,)) if a is not type(None)}
+    return bool(kinds) and kinds <= {int, float}
+
+
+class NumbersAreNumbers(BaseModel):
+    """A config section whose number fields refuse ``true`` and ``"1"``.
+
+    Pydantic's lax mode takes ``true`` for 1 and ``"1"`` for 1; a config file or a
+    form that says so has a mistake in it. (Strict mode would also refuse a TOML
+    list for a tuple field.)
+    """
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if field and _is_number(field.annotation) and isinstance(value, bool | str):
+            # The value is shown after it (vcdl.config.format_error).
+            raise ValueError("must be a number, not a string or true/false")
+        return value
 
 
 def no_nul_byte(value: str | None, what: str) -> str | None:

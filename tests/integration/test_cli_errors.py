@@ -52,7 +52,7 @@ def _no_runs(home: Path) -> bool:
         (GOOD + "bogus = 1\n", "model.bogus: unknown key"),
         (
             GOOD.replace("epochs = 1", "epochs = 'one'"),
-            "run.epochs: Input should be a valid integer",
+            "run.epochs: must be a number, not a string or true/false (got 'one')",
         ),
         (GOOD.replace('name = "digits"', 'name = "nosuch"'), "data set 'nosuch' not found"),
         (GOOD.replace('"cnn2d"', '"nosuch_pkg.models:net"'), "nosuch_pkg"),

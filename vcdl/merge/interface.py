@@ -31,8 +31,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
+from vcdl.config_checks import NumbersAreNumbers
 from vcdl.merge.schedules import alpha_schedule
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ STEP_KEY = "__step__"
 """In a rule state: how many merges have updated it (an int64 scalar)."""
 
 
-class RuleSettings(BaseModel):
+class RuleSettings(NumbersAreNumbers):
     """Keys of the ``merge`` section that one rule owns: their defaults, bounds and docs.
 
     :class:`~vcdl.merge.settings.MergeSection` inherits every rule's settings,

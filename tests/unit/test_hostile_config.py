@@ -1,0 +1,106 @@
+"""Bad numbers, names and files in a config or on the command line: exit 2, one line, nothing
+written (issue 54's second set of hostile input)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from vcdl.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def vcdl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int | str | None, str]:
+    with pytest.raises(SystemExit) as ended:
+        main(list(args))
+    return ended.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ("run.seed=1208925819614629174706176", "less than or equal to 4294967295"),
+        ("train.lr=true", "train.lr: must be a number, not a string or true/false (got True)"),
+        ('run.epochs="1"', "run.epochs: must be a number, not a string or true/false (got '1')"),
+        ('merge.fold="2"', "merge.fold: must be a number"),
+        ('run.name="."', "cannot name a run"),
+        ('run.name=".."', "cannot name a run"),
+        ('run.name="__x"', "cannot name a run"),
+    ],
+)
+def test_a_bad_value_is_refused_in_one_line_and_nothing_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], setting: str, said: str
+) -> None:
+    home = tmp_path / "home"
+    code, err = vcdl(
+        capsys,
+        "train",
+        str(REPO / "examples" / "digits.toml"),
+        "--set",
+        setting,
+        "--home",
+        str(home),
+    )
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) <= 3 and "Traceback" not in err, err
+    assert said in lines[-1], err
+    assert not home.exists() or not any(home.iterdir())
+
+
+def _fifo(tmp_path: Path) -> Path:
+    path = tmp_path / "fifo.toml"
+    os.mkfifo(path)
+    return path
+
+
+def _deep(tmp_path: Path) -> Path:
+    path = tmp_path / "deep.toml"
+    path.write_text("a = " + "{b = " * 10_000 + "1" + "}" * 10_000 + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (_fifo, "is not a regular file"),
+        (lambda _: Path("/dev/zero"), "is not a regular file"),
+        (_deep, "nests tables too deeply"),
+        (lambda p: p / "nope.toml", "not found"),
+    ],
+)
+def test_a_config_that_is_no_config_file_is_refused_without_reading_it_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make: object, said: str
+) -> None:
+    path = make(tmp_path)  # type: ignore[operator]
+    home = tmp_path / "home"
+    code, err = vcdl(capsys, "train", str(path), "--home", str(home))
+    assert code == 2 and said in err.strip().splitlines()[-1], err
+    assert "Traceback" not in err and not home.exists()
+
+
+def test_a_huge_config_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "big.toml"
+    path.write_text("# padding\n" * 200_000)  # 2 MB of comments
+    code, err = vcdl(capsys, "train", str(path), "--home", str(tmp_path / "home"))
+    assert code == 2 and "over 1 MiB" in err, err
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("export", "r", "--version", str(2**80), "--out", "x.pt"), "out of range: 0 to"),
+        (("evaluate", "r", "--version", "-1"), "-1 is out of range"),
+        (("train", "x.toml", "--workers", "0"), "0 is out of range: 1 to 1024"),
+        (("resume", "r", "--workers", "2000"), "2000 is out of range"),
+    ],
+)
+def test_an_out_of_range_number_on_the_command_line_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: tuple[str, ...], said: str
+) -> None:
+    code, err = vcdl(capsys, *args, "--home", str(tmp_path / "home"))
+    assert code == 2 and said in err.strip().splitlines()[-1] and "Traceback" not in err, err
+    assert not (tmp_path / "home").exists()
