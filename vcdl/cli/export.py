@@ -6,6 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from vcdl.cli.json_output import report
+from vcdl.cli.parser import VERSION
 
 if TYPE_CHECKING:
     from vcdl.cli.parser import Parents, Subparsers
@@ -15,13 +16,13 @@ def add_parsers(sub: Subparsers, parents: Parents) -> None:
     reporting = parents.reporting
     e = sub.add_parser("export", parents=reporting, help="write a version as .safetensors or .pt")
     e.add_argument("run")
-    e.add_argument("--version", type=int, help="version number (default: head)")
+    e.add_argument("--version", type=VERSION, help="version number (default: head)")
     e.add_argument("--out", required=True, help="output file (.safetensors or .pt)")
     e.add_argument("--force", action="store_true", help="replace --out if it exists")
 
     ev = sub.add_parser("evaluate", parents=reporting, help="evaluate a version on a data set")
     ev.add_argument("run")
-    ev.add_argument("--version", type=int)
+    ev.add_argument("--version", type=VERSION)
     ev.add_argument("--data", help="data set name (default: the run's)")
     ev.add_argument("--split", default="test", choices=["train", "test"])
 

@@ -10,6 +10,7 @@ text or as JSON.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
@@ -32,6 +33,28 @@ class Parser(argparse.ArgumentParser):
 if TYPE_CHECKING:
     #: What ``add_subparsers`` returns: where a command module adds its commands.
     Subparsers = argparse._SubParsersAction[Parser]
+
+
+def bounded(low: int, high: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer from ``low`` to ``high``, else a one-line usage error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number") from None
+        if not low <= value <= high:
+            shown = text if len(text) <= 20 else text[:17] + "..."
+            raise argparse.ArgumentTypeError(f"{shown} is out of range: {low} to {high}")
+        return value
+
+    return parse
+
+
+#: A version number: the ledger's integers.
+VERSION = bounded(0, 2**31 - 1)
+#: LocalCluster worker processes (``cluster.workers``' bounds).
+WORKERS = bounded(1, 1024)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from vcdl.chaos import DEFAULT_START
-from vcdl.cli.parser import Parser
+from vcdl.cli.parser import WORKERS, Parser
 from vcdl.cli.runs import print_summary
 from vcdl.config import resolve_home
 
@@ -59,7 +59,7 @@ def add_parsers(sub: Subparsers, parents: Parents) -> None:
     )
     t.add_argument("config", help="run config (TOML), e.g. examples/mnist1d.toml")
     t.add_argument("--run", help="run name (default: run.name, else the file name)")
-    t.add_argument("--workers", type=int, help="LocalCluster worker processes")
+    t.add_argument("--workers", type=WORKERS, help="LocalCluster worker processes")
     t.add_argument(
         "--set",
         dest="overrides",
@@ -76,7 +76,7 @@ def add_parsers(sub: Subparsers, parents: Parents) -> None:
         help="continue a run from the ledger's state",
     )
     r.add_argument("run")
-    r.add_argument("--workers", type=int)
+    r.add_argument("--workers", type=WORKERS)
     r.add_argument("-v", "--verbose", action="store_true")
     for parser in (t, r):
         parser.add_argument(
