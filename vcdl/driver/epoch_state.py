@@ -48,6 +48,10 @@ when none of its subtasks merged, else settle, evaluate, prune, advance).
 Like dask's worker state machine it keeps a bounded log of the events it
 received and the instructions it returned (:meth:`EpochState.story`, for one
 subtask), and checks its own invariants (:meth:`EpochState.validate_state`).
+
+Longer than ~500 lines on purpose: one epoch's decisions, every rule beside
+the others it interacts with (the budget, reissues, the quorum, merges and
+the barrier); the vocabulary lives in :mod:`vcdl.driver.epoch_events`.
 """
 
 from __future__ import annotations
