@@ -28,6 +28,7 @@ import importlib.machinery
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,13 +195,19 @@ def _no_exit() -> Iterator[None]:
     A user's module that exits when imported ended ``vcdl train`` with exit 0,
     nothing trained and nothing said. ``SystemExit`` is caught; ``os._exit``
     would end the process at once, past every handler, so it is replaced
-    while the import runs (this thread imports; no other calls it meanwhile).
+    while the import runs, for this thread of this process only.
     """
 
+    real = os._exit
+    importer, pid = threading.get_ident(), os.getpid()
+
     def refuse(code: int) -> None:
+        # Only the import's own call is refused: another thread's, or a child's forked
+        # meanwhile (a forkserver, a worker), exits as it always does.
+        if threading.get_ident() != importer or os.getpid() != pid:
+            real(code)
         raise _ExitAtImport(f"os._exit({code})")
 
-    real = os._exit
     os._exit = refuse  # type: ignore[assignment]
     try:
         yield

@@ -66,3 +66,30 @@ def test_a_module_that_exits_at_import_is_refused_in_one_line(
     message = str(err.value)
     assert call in message and "__main__" in message and "\n" not in message
     assert os._exit.__module__ in ("posix", "nt")  # the real one is back
+
+
+def test_only_the_imports_own_exit_is_refused_not_a_forked_childs_or_another_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forkserver forked while a user module was being imported inherited the refusal:
+    its os._exit raised, with a traceback, instead of ending the child (seen in CI)."""
+    name = "forks_at_import"
+    (tmp_path / f"{name}.py").write_text(
+        "import os, threading\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os._exit(7)  # the child's exit, as a forkserver's\n"
+        "CHILD = os.waitpid(pid, 0)[1]\n"
+        "t = threading.Thread(target=lambda: None)\n"
+        "t.start(); t.join()\n"
+        "def model():\n    return None\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    grant([name])
+    try:
+        import_callable(f"{name}:model", what="model factory", builtins={}, error=ModelError)
+        status = sys.modules[name].CHILD
+    finally:
+        revoke_grants()
+        sys.modules.pop(name, None)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 7
