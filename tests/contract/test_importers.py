@@ -22,7 +22,8 @@ from vcdl.data import (
     read_arrays,
 )
 from vcdl.data.builtin import pytext_bytes
-from vcdl.data.importers import byte_windows, memory_bytes, unigram_entropy
+from vcdl.data.decoded import import_limit
+from vcdl.data.importers import byte_windows, unigram_entropy
 from vcdl.errors import DataError
 from vcdl.store import WeightStore
 
@@ -192,13 +193,15 @@ def test_an_unreadable_table_file_is_one_line(store: WeightStore, tmp_path: Path
 
 @pytest.mark.parametrize(
     "shape",
-    [(memory_bytes() // 8 + 1, 8), (2**32, 2**32)],
+    [(2**24 + 1, 8), (2**32, 2**32)],
     ids=["just-over", "product-wraps-in-int64"],
 )
-def test_an_npz_claiming_more_memory_than_the_machine_has_is_refused_unread(
-    shape: tuple[int, int], store: WeightStore, tmp_path: Path
+def test_an_npz_claiming_more_than_the_import_limit_is_refused_unread(
+    shape: tuple[int, int], store: WeightStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A header claiming more than the machine has: refused from the header, nothing allocated.
+    """A header claiming more than the import may hold: refused from the header, nothing allocated.
+
+    The limit is 1 GiB here, and the first shape 64 bytes over it.
 
     2^32 x 2^32 float64 is 2^67 bytes; numpy's int64 product of the shape is 0.
     """
@@ -209,6 +212,8 @@ def test_an_npz_claiming_more_memory_than_the_machine_has_is_refused_unread(
     path = tmp_path / "huge.npz"
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("x_train.npy", np.lib.format.magic(1, 0) + header.getvalue()[8:])
-    with pytest.raises(DataError, match=r"more than this machine's .* GiB of memory"):
+    monkeypatch.setenv("VCDL_IMPORT_LIMIT", "1GiB")
+    assert import_limit() == 2**30
+    with pytest.raises(DataError, match=r"decodes to .*, over the import limit of "):
         import_npz(store, path, "huge")
     assert list_datasets(store) == []

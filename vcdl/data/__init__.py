@@ -2,6 +2,7 @@
 
 :mod:`.datasets` (layout, write, open, read rows), :mod:`.cache` (decoded
 splits per worker process), :mod:`.importers` (npz, text, Parquet/Arrow),
+:mod:`.decoded` (what an imported file decodes to, checked before it is read),
 :mod:`.builtin` (digits, MNIST-1D, the Python language reference),
 :mod:`.shards` (shard plans), :mod:`.stream` (a shard read chunk by chunk).
 """

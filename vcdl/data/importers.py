@@ -15,15 +15,18 @@
 
 Every importer reads and checks everything first and writes only then: bad
 input is one :class:`~vcdl.errors.DataError` line (the CLI's exit 2) and
-nothing in the store. A file whose headers claim more memory than this
-machine has is refused before anything is allocated.
+nothing in the store. What a file will decode to is checked from its
+metadata before anything is decoded (:mod:`vcdl.data.decoded`: zip sizes and
+ratios, every member's ``.npy`` header, Arrow buffer lengths, Parquet row
+counts): past the import's memory ceiling or ratio limit it is refused with
+nothing allocated; below them it is read in bounded chunks into memory of
+the size checked. Only regular files are read (a FIFO or a device is refused).
 """
 
 from __future__ import annotations
 
-import math
-import os
 import re
+import struct
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,29 +35,21 @@ from typing import Any
 import numpy as np
 
 from vcdl.data.datasets import SPLITS, DatasetInfo, DatasetStore, write_arrays, write_dataset
+from vcdl.data.decoded import (
+    CHUNK,
+    ipc_decoded_bytes,
+    npz_members,
+    parquet_decoded_bytes,
+    read_npy_member,
+    refuse_over_limit,
+    regular_file,
+)
 from vcdl.errors import DataError
 
 TEXT_VOCAB = 256
 """Byte-level tokens: every byte value is a token."""
 
 _SPLIT_SUFFIX = re.compile(r"^(?P<field>.+)_(?P<split>train|test)$")
-
-
-def memory_bytes() -> int:
-    """This machine's physical memory (bytes); a large number where it cannot be read."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62
-
-
-def _refuse_oversized(what: str, nbytes: int) -> None:
-    limit = memory_bytes()
-    if nbytes > limit:
-        raise DataError(
-            f"cannot import {what}: it claims {nbytes / 2**30:.1f} GiB, more than this "
-            f"machine's {limit / 2**30:.1f} GiB of memory; import it in parts"
-        )
 
 
 def holdout(rows: int, test_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -117,25 +112,20 @@ def _write(
 # --------------------------------------------------------------------------
 
 
-def _npz_sizes(path: Path) -> dict[str, int]:
-    """Bytes each array of an .npz claims in its header, read without loading any."""
-    sizes = {}
-    with zipfile.ZipFile(path) as archive:
-        for member in archive.namelist():
-            if not member.endswith(".npy"):
-                continue
-            with archive.open(member) as f:
-                version = np.lib.format.read_magic(f)
-                header = (
-                    np.lib.format.read_array_header_1_0
-                    if version == (1, 0)
-                    else np.lib.format.read_array_header_2_0
-                )
-                shape, _, dtype = header(f)
-            # Python's integers: numpy's int64 product wraps (a claim of 2^64 rows x 2^64
-            # would read as 0 bytes and pass).
-            sizes[member[:-4]] = math.prod(shape) * dtype.itemsize
-    return sizes
+def _read_npz(p: Path) -> dict[str, np.ndarray]:
+    """The archive's arrays by key: every header checked first, then each read in chunks."""
+    where = str(p)
+    try:
+        with zipfile.ZipFile(p) as archive:
+            # The headers first: nothing is allocated for an archive that claims too much.
+            members = npz_members(archive, where)
+            if not members:
+                raise DataError(f"cannot import {p}: the archive holds no arrays")
+            return {m.key: read_npy_member(archive, m, where) for m in members}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, NotImplementedError) as exc:
+        if isinstance(exc, DataError):
+            raise
+        raise DataError(f"cannot import {p}: not a readable .npz file ({exc})") from exc
 
 
 def import_npz(
@@ -149,34 +139,12 @@ def import_npz(
 ) -> DatasetInfo:
     """Import an ``.npz`` of named arrays (see the module docstring)."""
     p = Path(path)
-    if not p.is_file():
-        raise DataError(f"cannot import {p}: file not found")
+    regular_file(p)
     with open(p, "rb") as f:
         if f.read(6) == b"\x93NUMPY":
             raise DataError(f"cannot import {p}: it is a single .npy array, not an .npz archive")
-    try:
-        # The headers first: nothing is allocated for an archive that claims too much.
-        _refuse_oversized(str(p), sum(_npz_sizes(p).values()))
-        npz = np.load(p, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise DataError(f"cannot import {p}: not a readable .npz file ({exc})") from exc
-    assert isinstance(npz, np.lib.npyio.NpzFile)
-    with npz:
-        keys = sorted(npz.files)
-        if not keys:
-            raise DataError(f"cannot import {p}: the archive holds no arrays")
-        arrays: dict[str, np.ndarray] = {}
-        for key in keys:
-            try:
-                arrays[key] = npz[key]
-            except ValueError as exc:
-                # Object arrays need pickle, which could run code: refuse.
-                raise DataError(
-                    f"cannot import {p}: array {key!r} cannot be loaded without pickle "
-                    f"({exc}); save plain numeric arrays"
-                ) from exc
-            except (OSError, EOFError, zipfile.BadZipFile) as exc:
-                raise DataError(f"cannot import {p}: array {key!r} is unreadable ({exc})") from exc
+    arrays = _read_npz(p)
+    keys = sorted(arrays)
     suffixed = {k: _SPLIT_SUFFIX.match(k) for k in keys}
     if all(suffixed.values()):
         splits: dict[str, dict[str, np.ndarray]] = {}
@@ -192,7 +160,7 @@ def import_npz(
                 "--test-fraction"
             )
     elif not any(suffixed.values()):
-        lengths = {k: len(a) if a.ndim else 0 for k, a in arrays.items()}
+        lengths = {k: len(a) for k, a in arrays.items()}
         if len(set(lengths.values())) != 1:
             raise DataError(
                 f"cannot import {p}: the arrays differ in rows "
@@ -206,6 +174,7 @@ def import_npz(
             f"cannot import {p}: some arrays name a split and some do not ({', '.join(plain)}); "
             "name them all <field>_train / <field>_test, or none"
         )
+    arrays.clear()  # the splits hold what they need: a copy each where split by fraction
     return _write(store, name, splits, f"npz:{p.resolve()}", num_classes)
 
 
@@ -214,7 +183,7 @@ def import_npz(
 # --------------------------------------------------------------------------
 
 
-def byte_windows(data: bytes, context: int) -> np.ndarray:
+def byte_windows(data: bytes | bytearray | memoryview, context: int) -> np.ndarray:
     """``data`` as non-overlapping rows of ``context + 1`` byte tokens (uint8); a tail is dropped.
 
     A row's first ``context`` tokens are a model's input and its last
@@ -225,7 +194,7 @@ def byte_windows(data: bytes, context: int) -> np.ndarray:
     return np.frombuffer(data[: rows * width], dtype=np.uint8).reshape(rows, width).copy()
 
 
-def unigram_entropy(data: bytes) -> float:
+def unigram_entropy(data: bytes | bytearray | memoryview) -> float:
     """The entropy of the text's byte frequencies, in nats per byte.
 
     The loss of the best model that ignores context: a language model that
@@ -239,7 +208,7 @@ def unigram_entropy(data: bytes) -> float:
 
 
 def text_splits(
-    data: bytes, context: int, test_fraction: float
+    data: bytes | bytearray | memoryview, context: int, test_fraction: float
 ) -> dict[str, dict[str, np.ndarray]]:
     """The text's token rows: the first part trains, the last ``test_fraction`` is held out.
 
@@ -250,11 +219,17 @@ def text_splits(
         raise DataError(f"context must be >= 1 token, got {context}")
     if not 0.0 < test_fraction < 1.0:
         raise DataError(f"test_fraction must be in (0, 1), got {test_fraction}")
-    cut = int(len(data) * (1.0 - test_fraction))
-    train, test = byte_windows(data[:cut], context), byte_windows(data[cut:], context)
+    view = memoryview(data)
+    cut = int(len(view) * (1.0 - test_fraction))
+    fits = context < min(cut, len(view) - cut)  # before a row's width could overflow
+    train, test = (
+        (byte_windows(view[:cut], context), byte_windows(view[cut:], context))
+        if fits
+        else (np.empty((0, 0), np.uint8),) * 2
+    )
     if len(train) == 0 or len(test) == 0:
         raise DataError(
-            f"{len(data)} bytes of text make no rows of {context + 1} tokens in both the "
+            f"{len(view)} bytes of text make no rows of {context + 1} tokens in both the "
             f"train and the test part (test_fraction {test_fraction}); give more text or a "
             "shorter --context"
         )
@@ -265,11 +240,39 @@ def _text_files(p: Path, pattern: str) -> list[Path]:
     if p.is_file():
         return [p]
     if p.is_dir():
+        # Regular files only: a FIFO or a device named *.txt would block or never end.
         files = sorted(f for f in p.rglob(pattern) if f.is_file())
         if not files:
             raise DataError(f"cannot import {p}: no file matches {pattern!r} in the folder")
         return files
+    if p.exists():
+        raise DataError(
+            f"cannot import {p}: not a regular file or a folder (a FIFO or a device cannot be "
+            "imported); give a file or a folder of them"
+        )
     raise DataError(f"cannot import {p}: no such file or folder")
+
+
+def _read_text(files: list[Path]) -> bytearray:
+    """The files joined by blank lines, each read in chunks up to the size it had when listed."""
+    sizes = [f.stat().st_size for f in files]
+    data = bytearray(sum(sizes) + 2 * (len(files) - 1))
+    view = memoryview(data)
+    pos = 0
+    for i, (f, size) in enumerate(zip(files, sizes, strict=True)):
+        if i:
+            view[pos : pos + 2] = b"\n\n"
+            pos += 2
+        with open(f, "rb") as fh:
+            end = pos + size
+            while pos < end:
+                got = fh.readinto(view[pos : min(end, pos + CHUNK)])
+                if not got:
+                    break  # the file shrank since it was listed
+                pos += got
+    view.release()
+    del data[pos:]
+    return data
 
 
 def import_text(
@@ -289,10 +292,14 @@ def import_text(
     (:func:`unigram_entropy` of the whole text).
     """
     p = Path(path)
+    if context < 1:
+        raise DataError(f"context must be >= 1 token, got {context}")
+    if not 0.0 < test_fraction < 1.0:
+        raise DataError(f"test_fraction must be in (0, 1), got {test_fraction}")
     files = _text_files(p, pattern)
-    _refuse_oversized(str(p), sum(f.stat().st_size for f in files))
     try:
-        data = b"\n\n".join(f.read_bytes() for f in files)
+        refuse_over_limit(str(p), sum(f.stat().st_size for f in files))
+        data = _read_text(files)
     except OSError as exc:
         raise DataError(f"cannot import {p}: {exc}") from exc
     splits = text_splits(data, context, test_fraction)
@@ -311,22 +318,42 @@ def import_text(
 # --------------------------------------------------------------------------
 
 
-def _column(name: str, column: Any, where: str) -> np.ndarray:
-    """A numeric or fixed-size-list column as an array (rows first)."""
+def _row_shape(name: str, kind: Any, where: str) -> list[int]:
+    """The row shape of a numeric or fixed-size-list column's type; refused for any other."""
     import pyarrow as pa
 
-    if column.null_count:
-        raise DataError(f"cannot import {where}: column {name!r} has {column.null_count} null(s)")
-    kind = column.type
     shape: list[int] = []
-    while pa.types.is_fixed_size_list(kind):
-        shape.append(kind.list_size)
-        kind = kind.value_type
-    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
+    leaf = kind
+    while pa.types.is_fixed_size_list(leaf):
+        shape.append(leaf.list_size)
+        leaf = leaf.value_type
+    if not (pa.types.is_integer(leaf) or pa.types.is_floating(leaf) or pa.types.is_boolean(leaf)):
         raise DataError(
-            f"cannot import {where}: column {name!r} is {column.type}; only numeric columns "
+            f"cannot import {where}: column {name[:100]!r} is {kind}; only numeric columns "
             "and fixed-size lists of numbers can be imported"
         )
+    return shape
+
+
+def _check_schema(schema: Any, where: str) -> None:
+    """Column names and types, from the schema alone: refused before any row is decoded."""
+    names = list(schema.names)
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise DataError(
+            f"cannot import {where}: column name(s) {', '.join(map(repr, twice))[:200]} appear "
+            "more than once; give each column its own name"
+        )
+    for field in schema:
+        if field.name != "split":
+            _row_shape(field.name, field.type, where)
+
+
+def _column(name: str, column: Any, where: str) -> np.ndarray:
+    """A numeric or fixed-size-list column as an array (rows first)."""
+    if column.null_count:
+        raise DataError(f"cannot import {where}: column {name!r} has {column.null_count} null(s)")
+    shape = _row_shape(name, column.type, where)
     values = column.combine_chunks() if hasattr(column, "combine_chunks") else column
     for _ in shape:
         values = values.flatten()
@@ -334,27 +361,71 @@ def _column(name: str, column: Any, where: str) -> np.ndarray:
     return np.ascontiguousarray(flat.reshape(len(column), *shape))
 
 
-def _read_table(p: Path) -> Any:
+def _split_labels(column: Any, where: str) -> np.ndarray:
+    """The 'split' column's values, one per row (object), without a Python object per row."""
+    if column.null_count:
+        raise DataError(
+            f"cannot import {where}: column 'split' has {column.null_count} null(s); give "
+            "every row train or test"
+        )
+    import pyarrow as pa
+
+    parts = [np.empty(0, dtype=object)]
+    for chunk in column.chunks:
+        coded = chunk if pa.types.is_dictionary(chunk.type) else chunk.dictionary_encode()
+        values = np.empty(len(coded.dictionary), dtype=object)
+        values[:] = coded.dictionary.to_pylist()
+        parts.append(values[coded.indices.to_numpy(zero_copy_only=False)])
+    return np.concatenate(parts)
+
+
+def _read_ipc(p: Path) -> Any:
+    """An Arrow IPC file or stream: schema checked, decoded size checked, then read."""
     import pyarrow as pa
     import pyarrow.ipc
+
+    with pa.memory_map(str(p)) as source:
+        # The file format is the stream format between a magic and a footer: both are
+        # read as the stream, so that what is checked is what is read.
+        start = 8 if source.read(6) == b"ARROW1" else 0
+        source.seek(start)
+        _check_schema(pyarrow.ipc.open_stream(source).schema, str(p))
+        source.seek(start)
+        refuse_over_limit(str(p), ipc_decoded_bytes(source), p.stat().st_size)
+        source.seek(start)
+        return pyarrow.ipc.open_stream(source).read_all()
+
+
+def _read_parquet(p: Path) -> Any:
+    """A Parquet file: schema and decoded size from its metadata, then read."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
+
+    meta = pq.read_metadata(p)
+    schema = meta.schema.to_arrow_schema()
+    _check_schema(schema, str(p))
+    refuse_over_limit(str(p), parquet_decoded_bytes(meta, schema), p.stat().st_size)
+    split = schema.field("split").type if "split" in schema.names else None
+    # A string 'split' column stays dictionary-encoded: a few labels, not one string a row.
+    textual = split is not None and (
+        pa.types.is_string(split)
+        or pa.types.is_large_string(split)
+        or pa.types.is_binary(split)
+        or pa.types.is_large_binary(split)
+    )
+    return pq.read_table(p, read_dictionary=["split"] if textual else None)
+
+
+def _read_table(p: Path) -> Any:
+    import pyarrow as pa
 
     try:
         if p.suffix in (".arrow", ".feather", ".ipc"):
-            with pa.memory_map(str(p)) as source:
-                try:
-                    return pyarrow.ipc.open_file(source).read_all()
-                except pa.ArrowInvalid:
-                    source.seek(0)
-                    return pyarrow.ipc.open_stream(source).read_all()
-        meta = pq.read_metadata(p)
-        _refuse_oversized(
-            str(p), sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-        )
-        return pq.read_table(p)
+            return _read_ipc(p)
+        return _read_parquet(p)
     except DataError:
         raise
-    except (pa.ArrowException, OSError) as exc:
+    except (pa.ArrowException, OSError, ValueError, struct.error, IndexError) as exc:
         raise DataError(f"cannot import {p}: not a readable Parquet or Arrow file ({exc})") from exc
 
 
@@ -369,8 +440,7 @@ def import_table(
 ) -> DatasetInfo:
     """Import a Parquet or Arrow IPC table (see the module docstring)."""
     p = Path(path)
-    if not p.is_file():
-        raise DataError(f"cannot import {p}: file not found")
+    regular_file(p)
     table = _read_table(p)
     if table.num_rows == 0 or table.num_columns == 0:
         raise DataError(f"cannot import {p}: the table is empty")
@@ -382,11 +452,13 @@ def import_table(
     if split_col is None:
         splits = _split_table(arrays, test_fraction, seed)
     else:
-        labels = np.asarray(split_col.to_pylist(), dtype=object)
-        unknown = sorted({str(v) for v in labels} - set(SPLITS))
+        labels = _split_labels(split_col, str(p))
+        unknown = sorted({str(v) for v in set(labels)} - set(SPLITS))
         if unknown:
             raise DataError(
-                f"cannot import {p}: column 'split' holds {unknown}; use train and test"
+                f"cannot import {p}: column 'split' holds {unknown[:10]}; use train and test"
             )
         splits = {s: {n: a[labels == s] for n, a in arrays.items()} for s in SPLITS}
+    del table, columns
+    arrays.clear()
     return _write(store, name, splits, f"table:{p.resolve()}", num_classes)
