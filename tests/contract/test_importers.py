@@ -217,3 +217,78 @@ def test_an_npz_claiming_more_than_the_import_limit_is_refused_unread(
     with pytest.raises(DataError, match=r"decodes to .*, over the import limit of "):
         import_npz(store, path, "huge")
     assert list_datasets(store) == []
+
+
+# --- bounded reads: what the limits let through still imports whole -------------------
+
+
+def test_an_npz_is_read_in_chunks_whatever_its_members_names(
+    store: WeightStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Members larger than a chunk, a Fortran-ordered one, one named without .npy: all exact."""
+    monkeypatch.setattr("vcdl.data.decoded.CHUNK", 1000)
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(300, 7)).astype(np.float32)
+    y = np.asfortranarray(rng.integers(0, 9, size=(300, 2)).astype(">i8"))
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, y)
+    path = tmp_path / "chunked.npz"
+    np.savez_compressed(path, x=x)
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr("y", buf.getvalue())  # no .npy suffix: still an array, still checked
+    import_npz(store, path, "chunked", test_fraction=0.25)
+    got = {s: read_arrays(store, "chunked", s) for s in ("train", "test")}
+    assert sorted(got["train"]) == ["x", "y"]
+    both = np.concatenate([got["train"]["x"], got["test"]["x"]])
+    np.testing.assert_array_equal(np.sort(both, axis=0), np.sort(x, axis=0))
+    assert len(got["train"]["y"]) + len(got["test"]["y"]) == 300
+
+
+def test_the_limits_are_settings_and_a_file_within_them_imports(
+    store: WeightStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("vcdl.data.decoded.RATIO_FLOOR", 1 << 20)  # 64 MiB by default
+    path = tmp_path / "zeros.npz"
+    np.savez_compressed(path, x=np.zeros((2**18, 1)), y=np.zeros(2**18, dtype=np.int8))
+    # 2.25 MiB of zeros in a few KB: refused for its ratio, imported when allowed.
+    with pytest.raises(DataError, match=r"would decode to 2\.0 MiB, more than 100x"):
+        import_npz(store, path, "zeros")
+    monkeypatch.setenv("VCDL_IMPORT_LIMIT", "2MiB")
+    monkeypatch.setenv("VCDL_IMPORT_RATIO", "0")
+    with pytest.raises(DataError, match=r"over the import limit of 2\.0 MiB \(VCDL_IMPORT_LIMIT\)"):
+        import_npz(store, path, "zeros")
+    monkeypatch.setenv("VCDL_IMPORT_LIMIT", "1GiB")
+    info = import_npz(store, path, "zeros")
+    assert info.n_train + info.n_test == 2**18
+    for bad, match in [("lots", "is not a size"), ("-5", "must be a positive size")]:
+        monkeypatch.setenv("VCDL_IMPORT_LIMIT", bad)
+        with pytest.raises(DataError, match=match):
+            import_npz(store, path, "zeros2")
+    monkeypatch.setenv("VCDL_IMPORT_LIMIT", "1GiB")
+    monkeypatch.setenv("VCDL_IMPORT_RATIO", "nan")
+    with pytest.raises(DataError, match="VCDL_IMPORT_RATIO must be a number >= 0"):
+        import_npz(store, path, "zeros2")
+
+
+@pytest.mark.parametrize("kind", ["stream", "file", "parquet"])
+def test_a_compressed_table_with_a_split_column_imports_within_the_limits(
+    store: WeightStore, tmp_path: Path, kind: str
+) -> None:
+    rows = 5000
+    table = pa.table(
+        {
+            "x": pa.array(np.arange(rows, dtype=np.float64)),
+            "split": pa.array(["train", "test"] * (rows // 2)),
+        }
+    )
+    path = tmp_path / ("t.parquet" if kind == "parquet" else "t.arrow")
+    if kind == "parquet":
+        pq.write_table(table, path, compression="zstd")
+    else:
+        options = pa.ipc.IpcWriteOptions(compression="zstd")
+        new = pa.ipc.new_stream if kind == "stream" else pa.ipc.new_file
+        with pa.OSFile(str(path), "wb") as sink, new(sink, table.schema, options=options) as w:
+            w.write_table(table)
+    info = import_table(store, path, "t")
+    assert (info.n_train, info.n_test) == (rows // 2, rows // 2)
+    np.testing.assert_array_equal(read_arrays(store, "t", "test")["x"], np.arange(1, rows, 2))
