@@ -93,7 +93,7 @@ from vcdl.driver.fold import merge_attempts
 from vcdl.driver.gc import collect
 from vcdl.driver.head_cache import run_head_cache
 from vcdl.errors import EpochFailed, LeaseLost, StoreError
-from vcdl.merge.rules import merge_rule
+from vcdl.merge.rules import rule_of
 from vcdl.metrics.exporter import note_event, note_kill
 from vcdl.objectives import objective_for
 from vcdl.runtime import RunRef
@@ -130,7 +130,7 @@ class EpochExecutor:
         self.ledger = ref.ledger()
         self.log = get_run_logger()
         self.cache = run_head_cache(ref, cfg)
-        policy = EpochPolicy.of(cfg, epoch, final, pins_base=merge_rule(cfg.merge).pins_base)
+        policy = EpochPolicy.of(cfg, epoch, final, pins_base=rule_of(cfg).pins_base)
         self.state = EpochState(policy)
         # The task in flight of each subtask, by (key, submission number).
         self.tasks: dict[PrefectFuture[dict[str, Any]], tuple[Key, int]] = {}

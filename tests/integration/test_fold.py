@@ -183,9 +183,10 @@ def outcome_facts(outcomes: list[MergeOutcome]) -> list[tuple[Any, ...]]:
         {"rule": "vc_asgd", "staleness": "raise"},
         {"rule": "delta"},
         {"rule": "diloco"},
+        {"rule": "diloco_async"},
         {"rule": "vc_asgd", "result_precision": "int8_delta"},
     ],
-    ids=["vc_asgd-raise", "delta", "diloco", "int8"],
+    ids=["vc_asgd-raise", "delta", "diloco", "diloco_async", "int8"],
 )
 def test_a_fold_is_merging_one_at_a_time_with_one_version_written(
     tmp_path: Path, merge: dict[str, Any]

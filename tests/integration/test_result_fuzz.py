@@ -24,7 +24,7 @@ from vcdl.driver.assimilator import open_result
 from vcdl.driver.head_cache import head_cache
 from vcdl.driver.runs import prepare_run
 from vcdl.driver.streamed import streamed_check, streamed_merge
-from vcdl.merge.rules import merge_rule
+from vcdl.merge.rules import rule_of
 from vcdl.store.streaming import specs_of
 from vcdl.worker.attempt import run_attempt
 
@@ -182,7 +182,7 @@ def setting(
 
 def test_mutated_results_never_raise_out_of_the_check_path(setting: dict[str, Any]) -> None:
     ref, cfg = setting["ref"], setting["cfg"]
-    rule = merge_rule(cfg.merge)
+    rule = rule_of(cfg)
     head = setting["head"]
     group: Path = setting["group"]
     seen = {"rejected": 0, "ok": 0}

@@ -17,6 +17,7 @@ import pytest
 from vcdl.config import MergeSection, RunConfig, RunSection, parse_config
 from vcdl.errors import ConfigError
 from vcdl.merge.builtin.diloco import DilocoSettings
+from vcdl.merge.builtin.diloco_async import DilocoAsyncSettings
 from vcdl.merge.interface import RuleSettings
 from vcdl.merge.rules import RULES
 from vcdl.merge.settings import SharedMergeSettings
@@ -36,8 +37,8 @@ def test_an_unknown_rule_is_refused_naming_the_choices() -> None:
     with pytest.raises(ConfigError) as err:
         parse_config({"merge": {"rule": "sgd"}})
     assert str(err.value) == (
-        "invalid config: merge.rule: Input should be 'vc_asgd', 'delta', 'average', 'easgd' "
-        "or 'diloco' (got 'sgd')"
+        "invalid config: merge.rule: Input should be 'vc_asgd', 'delta', 'average', 'easgd', "
+        "'diloco' or 'diloco_async' (got 'sgd')"
     )
 
 
@@ -49,12 +50,17 @@ def test_every_rule_s_own_keys_are_keys_of_the_merge_section() -> None:
         assert issubclass(MergeSection, own), f"add {own.__name__} to MergeSection's bases"
         assert set(own.model_fields) <= set(MergeSection.model_fields)
     assert RULES["diloco"].settings_model is DilocoSettings
+    assert RULES["diloco_async"].settings_model is DilocoAsyncSettings
 
 
 def test_the_shared_keys_lead_and_each_rule_s_follow() -> None:
     shared = list(SharedMergeSettings.model_fields)
     assert list(MergeSection.model_fields)[: len(shared)] == shared
-    assert list(MergeSection.model_fields)[len(shared) :] == ["outer_momentum", "nesterov"]
+    assert list(MergeSection.model_fields)[len(shared) :] == [
+        "outer_momentum",
+        "nesterov",
+        "momentum_delay",
+    ]
 
 
 def test_the_merge_section_is_as_strict_as_every_other_section() -> None:
@@ -72,7 +78,8 @@ def test_a_rule_s_keys_stay_flat_and_a_recorded_merge_section_loads_unchanged() 
         '"max_update_norm":null,"result_precision":"full","fold":1,"outer_momentum":0.5,'
         '"nesterov":false}'
     )
-    assert cfg.merge.model_dump_json() == recorded
+    # Keys added since load at their defaults, after the recorded ones.
+    assert cfg.merge.model_dump_json() == recorded[:-1] + ',"momentum_delay":null}'
     whole = RunConfig().model_dump() | {"merge": json.loads(recorded)}
     assert RunConfig.model_validate_json(json.dumps(whole)).merge == cfg.merge
 

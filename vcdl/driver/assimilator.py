@@ -55,7 +55,7 @@ from vcdl.errors import (
 from vcdl.ledger import Attempt, Ledger, Version
 from vcdl.merge.checks import count_problem, metric_problem
 from vcdl.merge.codec import PRECISIONS, Precision
-from vcdl.merge.rules import merge_rule
+from vcdl.merge.rules import rule_of
 from vcdl.runtime import RunRef
 from vcdl.states import MERGEABLE_ATTEMPT_STATES
 from vcdl.store import WeightStore
@@ -105,7 +105,7 @@ def merge_attempt(
 ) -> MergeOutcome:
     """Merge one attempt's result into the head, at most once."""
     ledger, store = ref.ledger(), ref.store()
-    rule = merge_rule(cfg.merge)
+    rule = rule_of(cfg)
     cache = cache if cache is not None else head_cache(cfg)
     timings: dict[str, float] = {}
     attempt = ledger.get_attempt(attempt_id)

@@ -30,7 +30,7 @@ from vcdl.driver.merge_plan import Candidate, Rejection, plan_merge
 from vcdl.driver.streamed import Step, streamed_fold
 from vcdl.errors import IntegrityError, StoreError, StoreNotFoundError
 from vcdl.ledger.merging import FoldItem, FoldRefused
-from vcdl.merge.rules import merge_rule
+from vcdl.merge.rules import rule_of
 from vcdl.runtime import RunRef
 from vcdl.states import MERGEABLE_ATTEMPT_STATES
 from vcdl.store.paths import rule_state_path
@@ -77,7 +77,7 @@ def fold_attempts(
     (:data:`~vcdl.ledger.models.FOLDED_CHECKSUM`).
     """
     ledger, store = ref.ledger(), ref.store()
-    rule = merge_rule(cfg.merge)
+    rule = rule_of(cfg)
     timings: dict[str, float] = {}
     attempts = [ledger.get_attempt(a) for a in attempt_ids]
     if len({a.epoch for a in attempts}) != 1 or any(

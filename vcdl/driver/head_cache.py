@@ -15,7 +15,7 @@ from collections.abc import Callable
 from vcdl.config import RunConfig
 from vcdl.ledger import Version
 from vcdl.merge.elementwise import output_problem
-from vcdl.merge.rules import Applied, MergeRule, merge_rule
+from vcdl.merge.rules import Applied, MergeRule, rule_of
 from vcdl.runtime import RunRef
 from vcdl.types import StateDict
 
@@ -162,7 +162,7 @@ class HeadCache:
 
 
 def _kept_bases(cfg: RunConfig) -> int:
-    return BASES_KEPT if merge_rule(cfg.merge).reads_base else 0
+    return BASES_KEPT if rule_of(cfg).reads_base else 0
 
 
 def head_cache(cfg: RunConfig) -> HeadCache:

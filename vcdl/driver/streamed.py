@@ -205,7 +205,9 @@ def streamed_fold(
             return Streamed(None, reason, failed=i)
     bound = rule.settings.max_update_norm
     # Per batch without the global bound: it is summed here over every batch.
-    unbounded = merge_rule(rule.settings.model_copy(update={"max_update_norm": None}))
+    unbounded = merge_rule(
+        rule.settings.model_copy(update={"max_update_norm": None}), workers=rule.workers
+    )
     plan = batches(specs_of(head), batch_bytes)
     last = len(steps) - 1
 

@@ -79,8 +79,10 @@ class MergeRule(ABC):
     worker_variable: ClassVar[bool] = False
     """A worker keeps its last result of the run, for :meth:`start`."""
 
-    def __init__(self, settings: MergeSection) -> None:
+    def __init__(self, settings: MergeSection, *, workers: int = 1) -> None:
         self.settings = settings
+        self.workers = workers
+        """The fleet's size (``cluster.workers``): a round of results is this many."""
 
     def alpha(self, epoch: int, epochs: int, staleness: int, merged_in_epoch: int) -> float | None:
         """The head's weight for one result; None: the staleness policy rejects it."""

@@ -17,6 +17,9 @@ global version, and nothing else (no I/O, no ledger, no store):
   fed to an outer Nesterov SGD whose momentum buffer is a state dict like the
   weights. Douillard et al., "DiLoCo: Distributed Low-Communication Training
   of Language Models", 2023, https://arxiv.org/abs/2311.08105.
+* :func:`delayed_nesterov` — the asynchronous outer step with delayed
+  Nesterov momentum: Liu et al., "Asynchronous Local-SGD Training for
+  Language Modeling", 2024, https://arxiv.org/abs/2401.09135.
 * :func:`scale_result` — shrink a partial result (a preempted attempt that
   processed a fraction of its shard) towards the head.
 
@@ -336,6 +339,89 @@ def diloco(
             new[key] = torch.add(h_c, step, alpha=-lr_f).to(h.dtype)
             new_buf[key] = buf
     return new, new_buf
+
+
+def delayed_nesterov(
+    head: StateDict,
+    result: StateDict,
+    pending: StateDict | None,
+    *,
+    lr: float,
+    momentum: float,
+    delay: int,
+    step: int,
+    base: StateDict | None = None,
+) -> tuple[StateDict, StateDict]:
+    """The asynchronous outer step with delayed Nesterov momentum, for one result.
+
+    Liu et al. 2024, "Asynchronous Local-SGD Training for Language Modeling"
+    (https://arxiv.org/abs/2401.09135, Algorithm 3): each result's
+    pseudo-gradient is applied at once, without momentum, at 1/N of the outer
+    learning rate; the momentum takes one step every N results, on the mean of
+    the N pseudo-gradients since its last step, and only then adds its term.
+    Over N results the head moves as Nesterov SGD applied once to their mean,
+    and no single stale result is amplified by the momentum.
+
+    One buffer per floating tensor holds what the momentum's next step will be
+    (``pending = μ·m + Σg/N`` over the results since its last step), so the
+    state is shaped like the weights, as :func:`diloco`'s is. With
+    ``t = step + 1`` this result's number and, per floating tensor,
+    ``g = start − result`` (start = base if given, else head)::
+
+        pending = pending + g / N                   (pending = 0 when None)
+        if t % N == 0:  new = head − lr·(g/N + μ·pending);  pending = μ·pending
+        else:           new = head − lr·g/N
+
+    With ``N = 1`` this is :func:`diloco`'s Nesterov step exactly. Integer and
+    bool tensors as in :func:`vc_asgd`; the buffer in float32 for narrower
+    floats, as :func:`diloco`'s.
+
+    Returns:
+        ``(new_state, new_pending)``.
+
+    Raises:
+        MergeError: mismatched states or buffer, ``lr`` not finite and >= 0,
+            ``momentum`` outside [0, 1), ``delay`` < 1, ``step`` < 0.
+    """
+    lr_f = float(lr)
+    if not (math.isfinite(lr_f) and lr_f >= 0.0):
+        raise MergeError(f"lr must be finite and >= 0, got {lr!r}")
+    mu = float(momentum)
+    if not 0.0 <= mu < 1.0:
+        raise MergeError(f"momentum must be in [0, 1), got {momentum!r}")
+    if int(delay) != delay or delay < 1:
+        raise MergeError(f"delay must be an integer >= 1, got {delay!r}")
+    if int(step) != step or step < 0:
+        raise MergeError(f"step must be an integer >= 0, got {step!r}")
+    require_compatible(head, result, "result")
+    if base is not None:
+        require_compatible(head, base, "base")
+    float_keys = [k for k, t in head.items() if t.is_floating_point()]
+    if pending is not None:
+        _check_buffer(head, float_keys, pending)
+    n = int(delay)
+    milestone = (int(step) + 1) % n == 0
+
+    new: StateDict = {}
+    new_pending: StateDict = {}
+    with torch.no_grad():
+        for key, h in head.items():
+            r = result[key]
+            if not h.is_floating_point():
+                new[key] = int_or_bool(h, r)
+                continue
+            cdt = compute_dtype(h.dtype)
+            h_c = h.to(cdt)  # may alias h: only read below
+            start = h_c if base is None else base[key].to(cdt)
+            g = torch.sub(start, r.to(cdt)).div_(n)  # a fresh tensor: g / N
+            buf = g.clone() if pending is None else torch.add(pending[key].to(cdt), g)
+            if milestone:
+                new[key] = torch.add(h_c, torch.add(g, buf, alpha=mu), alpha=-lr_f).to(h.dtype)
+                buf.mul_(mu)
+            else:
+                new[key] = torch.add(h_c, g, alpha=-lr_f).to(h.dtype)
+            new_pending[key] = buf
+    return new, new_pending
 
 
 def _check_buffer(head: StateDict, float_keys: list[str], buf: StateDict) -> None:

@@ -5,7 +5,8 @@
 :data:`vcdl.merge.rules.RULES`, in the registry's order, and the choice's
 description in the Prefect form is the rules' summaries; the keys only one
 rule reads are that rule's :class:`~vcdl.merge.interface.RuleSettings`
-(:class:`~vcdl.merge.builtin.diloco.DilocoSettings`), inherited here, so
+(:class:`~vcdl.merge.builtin.diloco.DilocoSettings`,
+:class:`~vcdl.merge.builtin.diloco_async.DilocoAsyncSettings`), inherited here, so
 they stay flat keys of the section (``merge.outer_momentum``) and a recorded
 config keeps its shape.
 
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field, model_validator
 
 from vcdl.merge.builtin.diloco import DilocoSettings
+from vcdl.merge.builtin.diloco_async import DilocoAsyncSettings
 from vcdl.merge.interface import RuleSettings
 from vcdl.merge.rules import RULES
 
@@ -103,5 +105,5 @@ class SharedMergeSettings(RuleSettings):
 # A rule that owns keys adds its RuleSettings here (a test checks every one is).
 # No docstring: a model's docstring becomes its description in the form's
 # schema, and the merge section has never had one.
-class MergeSection(DilocoSettings, SharedMergeSettings):
+class MergeSection(DilocoAsyncSettings, DilocoSettings, SharedMergeSettings):
     pass

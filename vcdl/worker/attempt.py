@@ -35,7 +35,7 @@ from vcdl.data.stream import ByteCounter, ShardStream
 from vcdl.errors import StoreError
 from vcdl.ledger import Attempt
 from vcdl.merge.codec import encode
-from vcdl.merge.rules import merge_rule
+from vcdl.merge.rules import rule_of
 from vcdl.models import build_model
 from vcdl.objectives import Objective, objective_for
 from vcdl.runtime import RunRef
@@ -297,7 +297,7 @@ def run_attempt(
             # Against the ledger's checksum, not only the group's own.
             base = store.read_state(base_row.uri, expect=base_row.checksum)
             version_state = base  # what a reduced-precision result is encoded against
-            rule = merge_rule(cfg.merge)
+            rule = rule_of(cfg)
             if rule.worker_variable:
                 # EASGD: this worker's own variable, pulled towards the head it read.
                 alpha = rule.alpha(epoch, cfg.run.epochs, 0, 0) or 0.0
@@ -358,7 +358,7 @@ def run_attempt(
         timings["train"] = result.train_seconds
         if keep_optimizer and result.optimizer_state is not None:
             runtime.optimizer[ref.run] = result.optimizer_state
-        if merge_rule(cfg.merge).worker_variable:
+        if rule_of(cfg).worker_variable:
             runtime.own_result[ref.run] = result.state
 
         t = time.perf_counter()

@@ -28,7 +28,10 @@ class DilocoSettings(RuleSettings):
     """``merge.outer_momentum`` and ``merge.nesterov``: the outer SGD's momentum."""
 
     outer_momentum: float = Field(
-        0.9, ge=0, lt=1, description="diloco: momentum of the outer SGD (the paper's 0.9)."
+        0.9,
+        ge=0,
+        lt=1,
+        description="diloco, diloco_async: momentum of the outer SGD (the paper's 0.9).",
     )
     nesterov: bool = Field(True, description="diloco: Nesterov momentum (the paper's choice).")
 
