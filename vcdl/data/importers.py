@@ -25,9 +25,11 @@ the size checked. Only regular files are read (a FIFO or a device is refused).
 
 from __future__ import annotations
 
+import lzma
 import re
 import struct
 import zipfile
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,12 @@ TEXT_VOCAB = 256
 """Byte-level tokens: every byte value is a token."""
 
 _SPLIT_SUFFIX = re.compile(r"^(?P<field>.+)_(?P<split>train|test)$")
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception's text on one line, at most 200 characters (a library's may span lines)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def holdout(rows: int, test_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -122,10 +130,18 @@ def _read_npz(p: Path) -> dict[str, np.ndarray]:
             if not members:
                 raise DataError(f"cannot import {p}: the archive holds no arrays")
             return {m.key: read_npy_member(archive, m, where) for m in members}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, NotImplementedError) as exc:
+    except (
+        OSError,
+        ValueError,
+        EOFError,
+        zipfile.BadZipFile,
+        NotImplementedError,
+        zlib.error,
+        lzma.LZMAError,
+    ) as exc:
         if isinstance(exc, DataError):
             raise
-        raise DataError(f"cannot import {p}: not a readable .npz file ({exc})") from exc
+        raise DataError(f"cannot import {p}: not a readable .npz file ({_reason(exc)})") from exc
 
 
 def import_npz(
@@ -420,13 +436,17 @@ def _read_table(p: Path) -> Any:
     import pyarrow as pa
 
     try:
-        if p.suffix in (".arrow", ".feather", ".ipc"):
-            return _read_ipc(p)
-        return _read_parquet(p)
+        table = _read_ipc(p) if p.suffix in (".arrow", ".feather", ".ipc") else _read_parquet(p)
+        # A damaged file can hold offsets past its buffers, which Arrow's kernels would
+        # follow (a segfault): every array is checked whole before anything reads it.
+        table.validate(full=True)
+        return table
     except DataError:
         raise
     except (pa.ArrowException, OSError, ValueError, struct.error, IndexError) as exc:
-        raise DataError(f"cannot import {p}: not a readable Parquet or Arrow file ({exc})") from exc
+        raise DataError(
+            f"cannot import {p}: not a readable Parquet or Arrow file ({_reason(exc)})"
+        ) from exc
 
 
 def import_table(
