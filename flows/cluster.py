@@ -41,6 +41,7 @@ from vcdl.usercode import (
     local_modules,
     split_path,
 )
+from vcdl.worker.speed import speeds_label
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,8 @@ def dask_cluster(cfg: RunConfig) -> Iterator[str]:
             raise ClusterUnreachable(no_scheduler(cfg.cluster.address, f"({problem})"))
         allow_run_imports(cfg.cluster.address, cfg)
         ship_user_code(cfg.cluster.address, cfg)
+        if cfg.cluster.speeds:
+            log.info("workers named 0, 1, ... run at %s", speeds_label(cfg.cluster.speeds))
         yield cfg.cluster.address
         return
     from distributed import LocalCluster
@@ -187,7 +190,10 @@ def dask_cluster(cfg: RunConfig) -> Iterator[str]:
         ) as cluster,
     ):
         log.info(
-            "LocalCluster with %d workers at %s", cfg.cluster.workers, cluster.scheduler_address
+            "LocalCluster with %d workers at %s%s",
+            cfg.cluster.workers,
+            cluster.scheduler_address,
+            f" ({speeds_label(cfg.cluster.speeds)})" if cfg.cluster.speeds else "",
         )
         register_worker_plugins(cluster.scheduler_address)
         allow_run_imports(cluster.scheduler_address, cfg)

@@ -241,6 +241,25 @@ class ClusterSection(_Section):
         "only on workers started with `dask worker --resources GPU=1`.",
     )
 
+    speeds: list[float] = Field(
+        default_factory=list,
+        max_length=1024,
+        description="Emulated compute speed per worker, each in (0, 1] (e.g. [1, 0.5, 0.25]): "
+        "worker i waits after every batch so that it trains at speeds[i] of its own measured "
+        "pace. A LocalCluster takes one per worker; on a fleet, worker i is the dask worker "
+        "started with --name i. Empty = none emulated. Every output of a run says so.",
+    )
+
+    @field_validator("speeds")
+    @classmethod
+    def _speeds(cls, speeds: list[float]) -> list[float]:
+        for s in speeds:
+            if not 0 < s <= 1:
+                raise ValueError(
+                    f"{s} is not a speed in (0, 1]: 1 is a worker's own pace, 0.5 half of it"
+                )
+        return speeds
+
     @field_validator("address")
     @classmethod
     def _address(cls, address: str | None) -> str | None:
@@ -474,6 +493,16 @@ class RunConfig(_Section):
     fault: FaultSection = Field(default_factory=FaultSection)
     cost: CostSection = Field(default_factory=CostSection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)
+
+    @model_validator(mode="after")
+    def _check_speeds(self) -> RunConfig:
+        speeds = self.cluster.speeds
+        if speeds and not self.cluster.address and len(speeds) != self.cluster.workers:
+            raise ValueError(
+                f"cluster.speeds lists {len(speeds)} speed(s) for {self.cluster.workers} local "
+                f"worker(s): give one per worker, or set cluster.workers = {len(speeds)}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_fold(self) -> RunConfig:

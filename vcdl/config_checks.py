@@ -8,7 +8,8 @@ end of a one-line message (pydantic prefixes the key), or returns a problem.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, get_args
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationInfo, field_validator
 
@@ -42,10 +43,29 @@ class NumbersAreNumbers(BaseModel):
     @classmethod
     def _numbers_are_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         field = cls.model_fields.get(info.field_name or "")
-        if field and _is_number(field.annotation) and isinstance(value, bool | str):
+        if field is None:
+            return value
+        if _is_number(field.annotation) and isinstance(value, bool | str):
             # The value is shown after it (vcdl.config.format_error).
             raise ValueError("must be a number, not a string or true/false")
+        items = _number_items(field.annotation, value)
+        if any(isinstance(v, bool | str) for v in items):
+            raise ValueError("must hold numbers, not strings or true/false")
         return value
+
+
+def _number_items(annotation: Any, value: Any) -> list[Any]:
+    """The items of a list of numbers, or the values of a mapping to numbers (else none)."""
+    # An optional field's annotation is a union: its members; else the field's own.
+    kinds = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+    for kind in kinds:
+        args = get_args(kind)
+        origin = get_origin(kind)
+        if origin is list and isinstance(value, list) and args and _is_number(args[0]):
+            return value
+        if origin is dict and isinstance(value, dict) and len(args) == 2 and _is_number(args[1]):
+            return list(value.values())
+    return []
 
 
 def no_nul_byte(value: str | None, what: str) -> str | None:

@@ -145,6 +145,7 @@ def resume_command(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, cfg: RunConfig, home: Path) -> int:
     from vcdl import api
     from vcdl.views.datasets import baseline_line
+    from vcdl.worker.speed import speeds_label
 
     # What an interrupt's message names: `vcdl resume NAME` (see main).
     args.resumable = cfg.run.name
@@ -155,6 +156,8 @@ def _run(args: argparse.Namespace, cfg: RunConfig, home: Path) -> int:
     api.prepare_prefect(home)
     assert cfg.run.name is not None and cfg.ledger.url is not None
     where = cfg.cluster.address or f"{cfg.cluster.workers} local workers"
+    if cfg.cluster.speeds:
+        where += f" ({speeds_label(cfg.cluster.speeds)})"
     print(
         f"vcdl: run {cfg.run.name}: {cfg.run.epochs} epochs × {cfg.data.shards} shards of "
         f"'{cfg.data.name}', model {cfg.model.factory}, on {where}; state in {home}",

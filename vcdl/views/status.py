@@ -17,6 +17,7 @@ from vcdl.views.goodput import (
     salvaged_seconds,
 )
 from vcdl.worker.checkpoints import FAILURES_KEY
+from vcdl.worker.speed import SPEED_KEY
 
 
 def run_status(ledger: Ledger, name: str) -> dict[str, Any]:
@@ -65,6 +66,8 @@ def run_status(ledger: Ledger, name: str) -> dict[str, Any]:
         "test_loss": head_evals[-1].loss if head_evals else None,
         "data": cfg.data.name,
         "model": cfg.model.factory,
+        # Not a real fleet's: every reader of a summary is told (vcdl.worker.speed).
+        "emulated_speeds": list(cfg.cluster.speeds),
         "parent_run": run.parent_run,
         "parent_version": run.parent_version,
         "attempts": dict(sorted(counts.items())),
@@ -98,7 +101,8 @@ def phase_means(attempts: list[Attempt]) -> dict[str, float]:
     worker: not overhead), ``memory_wait`` (a slot held, waiting for the
     worker's memory: :mod:`vcdl.worker.admission`), ``scheduling`` (Dask
     handing the task to a free worker) and ``prefect`` (the task engine
-    around the attempt).
+    around the attempt); ``emulated_wait``: the part of ``train`` that an
+    emulated speed waited (``cluster.speeds``).
     """
     sums: dict[str, float] = defaultdict(float)
     n = 0
@@ -108,7 +112,7 @@ def phase_means(attempts: list[Attempt]) -> dict[str, float]:
             continue
         n += 1
         for k, v in phases.items():
-            if k != FAILURES_KEY:  # a count, not a phase
+            if k not in (FAILURES_KEY, SPEED_KEY):  # a count and a factor, not phases
                 sums[k] += v
     return {k: sums[k] / n for k in sorted(sums)} if n else {}
 

@@ -47,6 +47,13 @@ def summary_lines(summary: dict[str, Any], width: int | None = None) -> list[str
         f"test {format_metrics(metrics, 'accuracy')}",
         width,
     )
+    if summary.get("emulated_speeds"):
+        speeds = ", ".join(f"{x:g}" for x in summary["emulated_speeds"])
+        out += _wrap(
+            f"workers ran at emulated speeds ({speeds}): their waits are in the timings as "
+            "emulated_wait",
+            width,
+        )
     # The per-epoch column: accuracy where the objective has one, else the loss.
     by_acc = any(h["test_accuracy"] is not None for h in summary["history"])
     column = "accuracy" if by_acc else "loss"

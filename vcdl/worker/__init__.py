@@ -6,5 +6,6 @@ training slot and memory, around each attempt), :mod:`.attempt` (claim,
 read, train, write, record), :mod:`.loop` (the training loop and
 evaluation), :mod:`.checkpoints`, :mod:`.slots`, :mod:`.admission` (start an
 attempt only while it fits in memory), :mod:`.preemption` (notices),
-:mod:`.allocator` (glibc thresholds).
+:mod:`.allocator` (glibc thresholds), :mod:`.speed` (emulated compute
+speeds).
 """

@@ -47,6 +47,7 @@ from vcdl.worker.checkpoints import FAILURES_KEY, CheckpointWriter
 from vcdl.worker.loop import train_attempt
 from vcdl.worker.runtime import WorkerRuntime, current_runtime
 from vcdl.worker.slots import await_own_merge
+from vcdl.worker.speed import SPEED_KEY, WAIT_KEY, speed_of
 
 
 @dataclass
@@ -336,6 +337,10 @@ def run_attempt(
         # set_num_threads is process-wide, so the config decides, not history.
         torch.set_num_threads(cfg.train.threads)
         keep_optimizer = cfg.train.optimizer_state == "worker"
+        speed = speed_of(
+            getattr(runtime.worker, "name", None) if runtime.worker is not None else None,
+            cfg.cluster.speeds,
+        )
         result = train_attempt(
             data.model,
             base,
@@ -354,8 +359,12 @@ def run_attempt(
             # Taken, not shared: the optimizer updates these tensors in place,
             # and a concurrent attempt in this process must not see them move.
             optimizer_state=runtime.optimizer.pop(ref.run, None) if keep_optimizer else None,
+            speed=speed,
         )
         timings["train"] = result.train_seconds
+        if speed < 1.0:
+            timings[WAIT_KEY] = result.emulated_wait
+            timings[SPEED_KEY] = speed
         if keep_optimizer and result.optimizer_state is not None:
             runtime.optimizer[ref.run] = result.optimizer_state
         if rule_of(cfg).worker_variable:

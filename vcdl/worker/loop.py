@@ -29,6 +29,7 @@ from vcdl.config import TrainSection
 from vcdl.data.stream import ShardStream
 from vcdl.objectives import Objective, objective_for, to_batch
 from vcdl.types import StateDict
+from vcdl.worker.speed import Pacer
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ class TrainResult:
     planned_samples: int = 0
     optimizer_state: dict[str, Any] | None = None
     """The optimizer's state at the end (``Optimizer.state_dict()``), for the next attempt."""
+    emulated_wait: float = 0.0
+    """Seconds of ``train_seconds`` that were an emulated speed's waits (vcdl.worker.speed)."""
 
 
 def make_optimizer(params: list[nn.Parameter], cfg: TrainSection) -> torch.optim.Optimizer:
@@ -119,6 +122,7 @@ def train_attempt(
     checkpoint: Checkpoint | None = None,
     checkpoint_seconds: float | Callable[[], float] | None = None,
     optimizer_state: dict[str, Any] | None = None,
+    speed: float = 1.0,
 ) -> TrainResult:
     """Train ``model`` from ``base`` on the shard's ``arrays`` and return the new state.
 
@@ -144,6 +148,11 @@ def train_attempt(
     ``optimizer_state`` (an earlier attempt's ``TrainResult.optimizer_state``)
     starts the optimizer from that state instead of fresh; one that does not
     fit this model and optimizer is ignored.
+
+    ``speed`` below 1 emulates a slower worker (``cluster.speeds``): each
+    batch is followed by a wait that stretches it to ``1/speed`` of its
+    measured time (:class:`vcdl.worker.speed.Pacer`); the waits count as
+    training time and, apart, as ``emulated_wait``.
     """
     objective = objective if objective is not None else objective_for(cfg)
     if isinstance(arrays, ShardStream):
@@ -190,6 +199,8 @@ def train_attempt(
     paused = 0.0  # seconds inside checkpoint(): I/O, not training
     last_checkpoint = start
     every = checkpoint_seconds() if callable(checkpoint_seconds) else checkpoint_seconds
+    pacer = Pacer(speed, should_stop)
+    sync = pacer.active and device.type == "cuda"  # a batch's time is the GPU's, not the queue's
     for epoch in range(cfg.local_epochs):
         seen = min(n, max(0, start_samples - epoch * n))
         # The order is drawn for every local epoch, skipped or not: the same
@@ -210,6 +221,7 @@ def train_attempt(
                     interrupted = True
                     break
                 size = len(next(iter(raw.values())))
+                began = time.perf_counter()
                 batch = objective.prepare(raw)
                 opt.zero_grad(set_to_none=True)
                 with amp:
@@ -218,6 +230,10 @@ def train_attempt(
                 opt.step()
                 total_loss += loss.detach().float() * size
                 trained += size
+                if pacer.active:
+                    if sync:
+                        torch.cuda.synchronize(device)
+                    pacer.after_batch(time.perf_counter() - began)
                 now = time.perf_counter()
                 if checkpoint is not None and every is not None and now - last_checkpoint >= every:
                     checkpoint(snapshot(model), start_samples + trained, now - start - paused)
@@ -240,6 +256,7 @@ def train_attempt(
         interrupted=interrupted,
         planned_samples=planned,
         optimizer_state=opt.state_dict(),
+        emulated_wait=pacer.waited,
     )
 
 
