@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 from pydantic import Field
 
 from flows.guard import form_home, form_ledger_url
+from flows.params import guarded_flow
 from flows.reporting import publish_table
 from vcdl.config import resolve_home
 from vcdl.driver.runs import evaluate_version
@@ -22,7 +23,7 @@ from vcdl.views.artifacts import artifact_key
 from vcdl.views.epochs import format_metrics
 
 
-@flow(name="vcdl-evaluate", persist_result=True)
+@guarded_flow(name="vcdl-evaluate", persist_result=True)
 def evaluate(
     run: Annotated[str, Field(description="Run name in the ledger.")],
     version: Annotated[int | None, Field(ge=0, description="Version; empty = head.")] = None,

@@ -24,10 +24,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 from pydantic import Field
 
 from flows.guard import form_home, form_ledger_url
+from flows.params import guarded_flow
 from flows.reporting import data_fingerprint, emit
 from flows.train import train
 from vcdl.config import resolve_home
@@ -38,7 +39,7 @@ from vcdl.objectives import objective_for
 from vcdl.runtime import existing_ledger, run_ref
 
 
-@flow(name="vcdl-retrain", persist_result=True)
+@guarded_flow(name="vcdl-retrain", persist_result=True)
 def retrain(
     parent: Annotated[str, Field(description="Run to warm-start from (its lineage is followed).")],
     data: Annotated[

@@ -15,13 +15,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import torch
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 from prefect.exceptions import TerminationSignal
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows.cluster import dask_cluster
 from flows.epoch import epoch_flow
 from flows.guard import check_train_form
+from flows.params import guarded_flow
 from flows.reporting import (
     ProgressUpdater,
     emit,
@@ -160,7 +161,7 @@ def opened(ref: RunRef, cfg: RunConfig, resumed: bool) -> observe.RunOpened:
     )
 
 
-@flow(name="vcdl-train", persist_result=True)
+@guarded_flow(name="vcdl-train", persist_result=True)
 def train(
     config: RunConfig = RunConfig(),  # noqa: B008  (frozen: safe as a default; the UI's form)
     home: str | None = None,

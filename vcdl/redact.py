@@ -10,7 +10,8 @@ where a secret is, never its value.
 :func:`redact_url` is the one way a URL is shown (messages, logs, status,
 artifacts): its password and the values of its secret-looking query
 parameters become ``***``. A URL that cannot be parsed is shown as its
-scheme only.
+scheme only. :func:`redact_value` masks a whole JSON-like value (what
+Prefect stores of a flow's parameters).
 """
 
 from __future__ import annotations
@@ -62,6 +63,25 @@ def _walk(value: Any, path: str) -> Iterator[str]:
             yield from _walk(v, f"{path}[{i}]")
     elif isinstance(value, str) and "://" in value and url_secrets(value):
         yield path or "value"
+
+
+def redact_value(value: Any) -> Any:
+    """A copy of a JSON-like ``value`` with every credential masked.
+
+    The value of a credential-like key (at any depth of mappings and lists)
+    becomes ``***``; a string holding URLs is passed through
+    :func:`redact_text`. Anything else is returned as it is.
+    """
+    if isinstance(value, Mapping):
+        return {
+            k: MASK if is_secret_name(k) and v is not None else redact_value(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [redact_value(v) for v in value]
+    if isinstance(value, str) and "://" in value:
+        return redact_text(value)
+    return value
 
 
 def _split(url: str) -> Any:

@@ -27,6 +27,7 @@ from tests.e2e.conftest import IN_CI, PREFECT, Server
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500), pytest.mark.alone]
 
 RUN = "e2e-run"
+PLANTED = "Pl4nted-Deploy-Secr3t-51"
 TRAIN_CONFIG = {
     "run": {"name": RUN, "epochs": 2, "seed": 1},
     "data": {"name": "mnist1d", "samples": 2000, "shards": 2},
@@ -46,7 +47,9 @@ def deployed(prefect_server: Server, home: Path) -> Iterator[Server]:
     s.spawn(
         [PREFECT, "worker", "start", "--pool", "vcdl", "--limit", "2"],
         "worker.log",
-        env={"VCDL_HOME": str(home)},
+        # A credential in the worker's environment, the allowed way to give one:
+        # test_no_planted_secret_in_prefect searches the server's database for it.
+        env={"VCDL_HOME": str(home), "AWS_SECRET_ACCESS_KEY": PLANTED, "PGPASSWORD": PLANTED},
     )
     yield s
 
@@ -159,6 +162,19 @@ def test_train_deployment_summary_and_artifacts(trained: dict[str, Any], home: P
     assert "data:image/png;base64," in md.data
     plot = home / "store" / "runs" / RUN / "plots" / "progress.png"
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 5000
+
+
+def test_no_planted_secret_in_prefect(trained: dict[str, Any], api: Server) -> None:
+    """After a deployment run whose worker had a credential in its environment, nothing
+    under the server's Prefect home (its database: flow runs' parameters, logs, events,
+    artifacts), in the persisted results or in the worker's log holds it."""
+    prefect_home = Path(api.env["PREFECT_HOME"])
+    results = Path(api.env["PREFECT_LOCAL_STORAGE_PATH"])  # the flow runs' persisted results
+    files = [p for root in (prefect_home, results) for p in root.rglob("*") if p.is_file()]
+    assert any(p.name.startswith("prefect.db") for p in files), files
+    needles = (PLANTED.encode(), PLANTED.encode("utf-16-le"))
+    assert not [str(p) for p in files if any(n in p.read_bytes() for n in needles)]
+    assert PLANTED not in api.log("worker.log")
 
 
 def test_retrain_schedule_registered_inactive(api: Server) -> None:

@@ -141,6 +141,56 @@ def test_a_failure_event_shows_urls_redacted(monkeypatch: pytest.MonkeyPatch) ->
 
 
 # --------------------------------------------------------------------------
+# A flow called from Python with a credential in its parameters
+# --------------------------------------------------------------------------
+
+
+def _prefect_db_files() -> list[Path]:
+    """The session's Prefect database, with its write-ahead log."""
+    from prefect.settings import PREFECT_SERVER_DATABASE_CONNECTION_URL
+
+    url = str(PREFECT_SERVER_DATABASE_CONNECTION_URL.value())
+    db = Path(url.split(":///", 1)[1])
+    assert db.exists(), url
+    return [p for p in db.parent.iterdir() if p.name.startswith(db.name)]
+
+
+def test_a_refused_flow_call_leaves_no_secret_in_prefect(
+    prefect_api: None, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Prefect stores a called flow's parameters before the flow refuses them, and logs
+    them when they fail validation: what it stores and logs has the credentials masked."""
+    from prefect.exceptions import ParameterTypeError
+
+    from flows.evaluate import evaluate
+    from flows.train import train
+
+    home = str(tmp_path / "home")
+    refused = [
+        {"run": {"name": "sec-a"}, "store": {"storage_options": {"secret": SECRET}}},
+        {"run": {"name": "sec-b"}, "ledger": {"url": f"postgresql+psycopg://u:{SECRET}@h/db"}},
+        {"run": {"name": "sec-c"}, "store": {"url": f"s3://b/p?token={SECRET}"}},
+    ]
+    for config in refused:
+        with pytest.raises(ParameterTypeError) as info:
+            train(config=config, home=home)
+        assert "credentials" in str(info.value) and SECRET not in str(info.value)
+    # A trusted caller's ledger URL with a password is used as given (and fails
+    # here: nothing listens), while Prefect stores it masked.
+    with pytest.raises(Exception) as failed:  # whatever the driver raises
+        evaluate(run="r", home=home, ledger_url=f"postgresql+psycopg://u:{SECRET}@127.0.0.1:9/d")
+    assert SECRET not in str(failed.value)
+
+    out = capfd.readouterr()
+    assert "Parameter validation failed for flow 'vcdl-train'" in out.out + out.err
+    assert SECRET not in out.out + out.err
+    files = _prefect_db_files()
+    assert not [str(p) for p in files if SECRET.encode() in p.read_bytes()]
+    # The masked parameters are there: the search looked where they are.
+    assert any(b'"secret": "***"' in p.read_bytes() for p in files), files
+
+
+# --------------------------------------------------------------------------
 # A whole run with a credential in the environment
 # --------------------------------------------------------------------------
 

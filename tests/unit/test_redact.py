@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from vcdl.config import apply_overrides, parse_config
 from vcdl.errors import ConfigError
-from vcdl.redact import redact_text, redact_url, secret_keys, url_secrets
+from vcdl.redact import MASK, redact_text, redact_url, redact_value, secret_keys, url_secrets
 
 SECRET = "s3cr3t-Pl4nted"
 
@@ -102,3 +106,68 @@ def test_redact_text_masks_every_url_in_a_message() -> None:
     assert SECRET not in shown
     assert "postgresql://u:***@h/db" in shown and "s3://b/p?token=***;" in shown
     assert "sqlite:////tmp/l.db" in shown
+
+
+PLANTED = "Pl4nted-Secr3t"
+
+
+def test_redact_value_masks_credentials_at_any_depth_and_keeps_the_rest() -> None:
+    value = {
+        "config": {
+            "run": {"name": "r", "epochs": 3},
+            "store": {
+                "url": f"s3://b/p?token={PLANTED}&region=eu",
+                "storage_options": {"secret": PLANTED, "endpoint_url": "http://h:9000"},
+            },
+            "ledger": {"url": f"postgresql+psycopg://u:{PLANTED}@h/db"},
+            "list": [{"api_key": PLANTED}, 1, None],
+        },
+        "home": "/tmp/h",
+        "chaos": None,
+    }
+    out = redact_value(value)
+    assert PLANTED not in json.dumps(out)
+    assert out["config"]["run"] == {"name": "r", "epochs": 3} and out["home"] == "/tmp/h"
+    assert out["config"]["store"]["storage_options"] == {
+        "secret": MASK,
+        "endpoint_url": "http://h:9000",
+    }
+    assert out["config"]["store"]["url"] == f"s3://b/p?token={MASK}&region=eu"
+    assert out["config"]["ledger"]["url"] == f"postgresql+psycopg://u:{MASK}@h/db"
+    assert out["config"]["list"] == [{"api_key": MASK}, 1, None]
+    assert value["config"]["store"]["storage_options"]["secret"] == PLANTED  # not mutated
+
+
+_json = st.recursive(
+    # No "//" in the texts: a URL is another test's (redact_url)
+    st.none() | st.booleans() | st.integers() | st.text(alphabet="ab:. ", max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["a", "name", "token", "x_key", "pwd", "b"]), inner, max_size=3
+        )
+    ),
+    max_leaves=12,
+)
+
+
+@given(value=_json)
+def test_redact_value_leaves_no_value_under_a_credential_key(value: object) -> None:
+    out = redact_value(value)
+
+    def under_secret_keys(v: object) -> list[object]:
+        if isinstance(v, dict):
+            return [x for k, x in v.items() if k in ("token", "x_key", "pwd") and x is not None] + [
+                y
+                for k, x in v.items()
+                if k not in ("token", "x_key", "pwd")
+                for y in under_secret_keys(x)
+            ]
+        if isinstance(v, list):
+            return [y for x in v for y in under_secret_keys(x)]
+        return []
+
+    assert all(x == MASK for x in under_secret_keys(out))
+    # Without credential keys, a value is returned as it is.
+    if not under_secret_keys(value):
+        assert out == value
