@@ -402,6 +402,18 @@ class FaultSection(_Section):
         "before writing the next: a big model on a slow store checkpoints less often than "
         "checkpoint_seconds, so writes cost at most ~1/ratio of the training.",
     )
+    cloud_notices: Literal["off", "aws", "gcp", "azure"] = Field(
+        "off",
+        description="Poll this cloud's instance metadata service for spot preemption notices "
+        "on every worker (a VM fleet: nothing sends SIGTERM there); a notice does what "
+        "SIGTERM does: finish the batch, hand in a partial result, take no new work.",
+    )
+    notice_poll_seconds: float = Field(
+        5.0,
+        ge=0.1,
+        le=60,
+        description="Seconds between two polls of the metadata service (cloud_notices).",
+    )
     partial: Literal["scale", "discard"] = Field(
         "scale",
         description="A partial result (preemption notice): merge it scaled by the fraction of "

@@ -6,6 +6,7 @@ training slot and memory, around each attempt), :mod:`.attempt` (claim,
 read, train, write, record), :mod:`.loop` (the training loop and
 evaluation), :mod:`.checkpoints`, :mod:`.slots`, :mod:`.admission` (start an
 attempt only while it fits in memory), :mod:`.preemption` (notices),
+:mod:`.cloud_notice` (notices from a cloud's metadata service),
 :mod:`.allocator` (glibc thresholds), :mod:`.speed` (emulated compute
 speeds).
 """

@@ -84,6 +84,7 @@ def train_admitted(
     from distributed.worker import thread_state
 
     body_started = time.time()
+    runtime.watch_cloud(config.fault.cloud_notices, config.fault.notice_poll_seconds)
     # The worker's spare Dask thread gets here while its other task trains
     # (flows/cluster.py): read the rows meanwhile, wait for the slot, then
     # claim the freshest head.

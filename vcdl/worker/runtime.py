@@ -20,12 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from vcdl.types import StateDict
 from vcdl.worker.admission import MemoryGate, MemoryGates, process_rss
+from vcdl.worker.cloud_notice import Cloud, CloudPoller, MetadataWatcher
 from vcdl.worker.preemption import Notice
 from vcdl.worker.slots import TrainingSlots
 
@@ -56,6 +57,8 @@ class WorkerRuntime:
     """Run -> the model's bytes as this process last read them (admission's estimates)."""
     gates: MemoryGates = field(default_factory=MemoryGates)
     slots: TrainingSlots = field(default_factory=TrainingSlots)
+    watcher: MetadataWatcher | None = None
+    """The poller of the cloud's preemption notices (``fault.cloud_notices``), if any."""
     closed: bool = False
 
     @classmethod
@@ -78,9 +81,30 @@ class WorkerRuntime:
         """The gate for a memory ``limit`` and admission ``fraction`` (one per pair)."""
         return self.gates.gate_for(limit, fraction, rss)
 
+    def watch_cloud(self, cloud: str, interval: float) -> None:
+        """Poll ``cloud``'s metadata service for preemption notices ("off": none).
+
+        A notice does what SIGTERM does (:meth:`Notice.set`). Started by the
+        first attempt of a run that asks for it, it goes on between attempts
+        (an idle worker under notice leaves the pool too) until the runtime
+        closes or a run asks for another cloud.
+        """
+        current = self.watcher
+        if current is not None and current.alive() and current.cloud == cloud:
+            return
+        if current is not None:
+            current.stop()
+            self.watcher = None
+        if cloud == "off" or self.closed:
+            return
+        poller = CloudPoller(cast(Cloud, cloud))  # it refuses another name
+        self.watcher = MetadataWatcher(poller, interval, lambda _: self.notice.set()).start()
+
     def close(self) -> None:
         """Forget what attempts left here and put back the SIGTERM handler replaced."""
         self.closed = True
+        if self.watcher is not None:
+            self.watcher.stop()
         self.notice.uninstall()
         self.optimizer.clear()
         self.own_result.clear()
