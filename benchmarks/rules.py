@@ -59,6 +59,7 @@ SETTINGS: dict[str, list[str]] = {
     "average": ["merge.rule=average"],
     "easgd": ["merge.rule=easgd"],
     "diloco": ["merge.rule=diloco"],
+    "diloco_async": ["merge.rule=diloco_async"],
     # The shard plan of before issue 32 (every shard's rows in every chunk), and
     # the default chunk-aligned plan streamed block by block (data.cache_mb = 0,
     # as a split larger than the cache is read); not in the default list.
