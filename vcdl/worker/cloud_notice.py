@@ -41,8 +41,9 @@ import os
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Literal
 
 log = logging.getLogger(__name__)
@@ -50,12 +51,15 @@ log = logging.getLogger(__name__)
 Cloud = Literal["aws", "gcp", "azure"]
 CLOUDS: tuple[Cloud, ...] = ("aws", "gcp", "azure")
 
-#: Where each cloud serves its instance metadata.
-BASE_URLS: dict[Cloud, str] = {
-    "aws": "http://169.254.169.254",
-    "gcp": "http://metadata.google.internal",
-    "azure": "http://169.254.169.254",
-}
+#: Where each cloud serves its instance metadata (read-only: worker state lives in
+#: vcdl.worker.runtime).
+BASE_URLS: Mapping[Cloud, str] = MappingProxyType(
+    {
+        "aws": "http://169.254.169.254",
+        "gcp": "http://metadata.google.internal",
+        "azure": "http://169.254.169.254",
+    }
+)
 URL_ENV = "VCDL_METADATA_URL"
 
 AWS_TOKEN_PATH = "/latest/api/token"
