@@ -206,7 +206,20 @@ def train(
     ``chaos`` turns on the preemption simulator for this run, e.g.
     ``{"rate": 0.2, "notice_fraction": 0.25, "grace": 2, "seed": 1}`` (see
     :class:`flows.train.ChaosSpec`).
+
+    Called at the top level of a script outside ``if __name__ ==
+    "__main__":``, it refuses to start (a LocalCluster's workers import the
+    script again and would start the run again, each of them).
     """
+    from vcdl.usercode import unguarded_script_call
+
+    where = unguarded_script_call()
+    if where is not None:
+        raise ConfigError(
+            f"vcdl's train or resume is called at the top level of the script ({where}): "
+            "the cluster's workers import the script again and would start runs of their "
+            'own; put the call under `if __name__ == "__main__":`'
+        )
     cfg = resolve(config, run_name=run_name, workers=workers, overrides=overrides, home=home)
     return run(cfg, home=home, chaos=chaos)
 

@@ -357,3 +357,64 @@ def bundle(modules: Sequence[LocalModule], into: Path) -> Path:
     path = into / f"vcdl-code-{hashlib.sha256(data).hexdigest()[:12]}.zip"
     path.write_bytes(data)
     return path
+
+
+def _is_main_guard(stmt: ast.stmt) -> bool:
+    """``if __name__ == "__main__":`` (either way round)."""
+    if not isinstance(stmt, ast.If) or not isinstance(stmt.test, ast.Compare):
+        return False
+    test = stmt.test
+    if len(test.ops) != 1 or not isinstance(test.ops[0], ast.Eq):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = [s for s in sides if isinstance(s, ast.Name) and s.id == "__name__"]
+    mains = [s for s in sides if isinstance(s, ast.Constant) and s.value == "__main__"]
+    return len(names) == 1 and len(mains) == 1
+
+
+def guarded_at(source: str, line: int) -> bool | None:
+    """Whether ``line`` of a script's ``source`` runs only under ``if __name__ == "__main__":``.
+
+    None when that cannot be told (the source does not parse, or no top-level
+    statement holds the line).
+    """
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    for stmt in tree.body:
+        if stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno):
+            return _is_main_guard(stmt)
+    return None
+
+
+def unguarded_script_call() -> str | None:
+    """Where a script calls vcdl at its top level outside ``if __name__ == "__main__":``.
+
+    A LocalCluster's workers import the driver's script again (as
+    ``__mp_main__``): a run started at its top level would start again in
+    every worker (another driver of the same run, refused by its lease, and
+    workers that fail to start). Returns ``"path:line"`` of the script's
+    top-level statement the call comes from (``__main__``, or its re-import
+    ``__mp_main__``; through any functions it calls) when that statement is
+    not the guard, else None.
+    """
+    # The script's own top-level frame, however deep the call (a main() it calls).
+    frame = sys._getframe(1)
+    while frame is not None and not (
+        frame.f_code.co_name == "<module>"
+        and frame.f_globals.get("__name__") in ("__main__", "__mp_main__")
+    ):
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        return None
+    path = frame.f_globals.get("__file__")
+    if not isinstance(path, str):
+        return None  # python -c, stdin, a notebook: nothing re-imports it
+    try:
+        source = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    if guarded_at(source, frame.f_lineno) is False:
+        return f"{path}:{frame.f_lineno}"
+    return None
