@@ -18,8 +18,8 @@ Rounds alternate the contenders; figures are medians over ``--repeats``
 rounds of the per-trainer samples/s, and the minor page faults per training
 step of the training thread.
 
-    python benchmarks/allocator.py              # 3 rounds × 8 s per contender
-    python benchmarks/allocator.py --quick      # 1 round × 2 s (CI)
+    python -m benchmarks.allocator              # 3 rounds × 8 s per contender
+    python -m benchmarks.allocator --quick      # 1 round × 2 s (CI)
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import add_common_options, emit_summary, human_output, median
 from vcdl.worker.allocator import TUNED_ENV
 
 REPO = Path(__file__).resolve().parent.parent
@@ -140,9 +141,9 @@ def run(seconds: float, repeats: int, log: Callable[[str], None]) -> dict[str, A
         per_round = [statistics.mean(o["samples_per_s"] for o in outs) for outs in rs]
         faults = [statistics.mean(o["faults_per_step"] for o in outs) for outs in rs]
         res["contenders"][name] = {
-            "samples_per_s": statistics.median(per_round),
+            "samples_per_s": median(per_round),
             "runs": [round(v) for v in per_round],
-            "faults_per_step": statistics.median(faults),
+            "faults_per_step": median(faults),
         }
     c = res["contenders"]
     res["vcdl_vs_dask"] = (
@@ -158,12 +159,34 @@ def run(seconds: float, repeats: int, log: Callable[[str], None]) -> dict[str, A
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="1 round of 2 s per contender (CI)")
+    add_common_options(
+        p,
+        quick_help="1 round of 2 s per contender (CI)",
+        repeats_default=3,
+        repeats_help="rounds; figures are medians",
+    )
     p.add_argument("--seconds", type=float, default=8.0, help="training seconds per trainer")
-    p.add_argument("--repeats", type=int, default=3, help="rounds; figures are medians")
     args = p.parse_args()
     seconds, repeats = (2.0, 1) if args.quick else (args.seconds, args.repeats)
-    res = run(seconds, repeats, log=lambda m: print(m, flush=True))
+    with human_output(args):
+        res = run(seconds, repeats, log=lambda m: print(m, flush=True))
+        print_table(res)
+    emit_summary(
+        "allocator",
+        {
+            "vcdl_vs_dask": round(res["vcdl_vs_dask"], 3),
+            "vcdl_vs_plain": round(res["vcdl_vs_plain"], 3),
+            "samples_per_s": {k: round(v["samples_per_s"]) for k, v in res["contenders"].items()},
+            "faults_per_step": {
+                k: round(v["faults_per_step"], 1) for k, v in res["contenders"].items()
+            },
+        },
+        args,
+    )
+
+
+def print_table(res: dict[str, Any]) -> None:
+    repeats = res["repeats"]
     print(f"\ncnn1d width {WIDTH}, batch 100, 2 trainers at once, medians of {repeats} round(s):")
     print(f"{'contender':<48} {'samples/s per trainer':>22} {'page faults per step':>21}")
     for name, c in res["contenders"].items():
@@ -172,21 +195,6 @@ def main() -> None:
     print(
         f"vcdl's workers vs Dask's defaults: {res['vcdl_vs_dask']:.2f}x; "
         f"vs plain processes: {res['vcdl_vs_plain']:.2f}x"
-    )
-    print(
-        json.dumps(
-            {
-                "benchmark": "allocator",
-                "vcdl_vs_dask": round(res["vcdl_vs_dask"], 3),
-                "vcdl_vs_plain": round(res["vcdl_vs_plain"], 3),
-                "samples_per_s": {
-                    k: round(v["samples_per_s"]) for k, v in res["contenders"].items()
-                },
-                "faults_per_step": {
-                    k: round(v["faults_per_step"], 1) for k, v in res["contenders"].items()
-                },
-            }
-        )
     )
 
 

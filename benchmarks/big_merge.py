@@ -35,11 +35,11 @@ bound (the defaults). Merging runs on one torch thread, as in the driver.
 Targets (issue 33): the pipeline >= 1 GB/s of model bytes at 100M
 parameters; peak memory <= baseline + 3x the model's bytes at 100M and 1B.
 
-    python benchmarks/big_merge.py                   # 100M and 1B, 3 repeats
-    python benchmarks/big_merge.py --quick           # 17M in 1024 x 1024 layers, 1 repeat
-    python benchmarks/big_merge.py --params 1e8 --repeats 5
-    python benchmarks/big_merge.py --params 2.5e7 1e8 --modes serial folded --fold 4
-    python benchmarks/big_merge.py --params 1e8 --embedding-rows 8192 --modes streamed folded
+    python -m benchmarks.big_merge                   # 100M and 1B, 3 repeats
+    python -m benchmarks.big_merge --quick           # 17M in 1024 x 1024 layers, 1 repeat
+    python -m benchmarks.big_merge --params 1e8 --repeats 5
+    python -m benchmarks.big_merge --params 2.5e7 1e8 --modes serial folded --fold 4
+    python -m benchmarks.big_merge --params 1e8 --embedding-rows 8192 --modes streamed folded
 """
 
 from __future__ import annotations
@@ -50,13 +50,14 @@ import json
 import os
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.harness import REPO, add_common_options, emit_summary, human_output, median
 
 SIDE = 4096
 MODES = ("streamed", "whole", "serial", "folded")
@@ -198,8 +199,19 @@ def _peak_bytes() -> int:
 def run_child(store_dir: str, mode: str, tmp: str, batch_mb: float, fold: int) -> dict[str, Any]:
     out = os.path.join(tmp, f"{mode}.json")
     subprocess.run(
-        [sys.executable, __file__, "--child", store_dir, mode, out, str(batch_mb), str(fold)],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.big_merge",
+            "--child",
+            store_dir,
+            mode,
+            out,
+            str(batch_mb),
+            str(fold),
+        ],
         check=True,
+        cwd=REPO,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     res: dict[str, Any] = json.loads(Path(out).read_text())
@@ -260,7 +272,7 @@ def bench(
 
 def _row(mode: str, runs: list[dict[str, Any]], nbytes: int, fold: int) -> dict[str, Any]:
     """One contender's figures: medians of its runs, its highest peak."""
-    seconds = statistics.median(r["seconds"] for r in runs)
+    seconds = median(r["seconds"] for r in runs)
     above = max(r["peak"] - r["baseline"] for r in runs)
     row: dict[str, Any] = {
         "seconds": round(seconds, 3),
@@ -273,58 +285,13 @@ def _row(mode: str, runs: list[dict[str, Any]], nbytes: int, fold: int) -> dict[
         row["results_merged"] = fold
     if any(r["stages"] for r in runs):
         row["stage_busy_seconds"] = {
-            k: round(statistics.median(r["stages"][k] for r in runs), 3) for k in runs[0]["stages"]
+            k: round(median(r["stages"][k] for r in runs), 3) for k in runs[0]["stages"]
         }
     return row
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--params", type=float, nargs="+", default=[1e8, 1e9])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--modes", nargs="+", default=["streamed", "whole"])
-    p.add_argument(
-        "--whole-up-to",
-        type=float,
-        default=2e8,
-        help="run the whole-state contender only up to this many parameters (its memory)",
-    )
-    p.add_argument("--batch-mb", type=float, default=64.0, help="streamed batch size")
-    p.add_argument(
-        "--fold", type=int, default=4, help="results merged by the serial and folded contenders"
-    )
-    p.add_argument(
-        "--embedding-rows",
-        type=int,
-        default=0,
-        help="a token embedding of this many rows x the layer side first (a language "
-        "model's largest tensor; counted in --params)",
-    )
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="CI: 17M parameters in 1024 x 1024 layers, 4-MB batches, 1 repeat, every "
-        "contender (serial and folded with 2 results)",
-    )
-    p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.child:
-        child(*args.child)
-        return
-    params, repeats, side, batch_mb = args.params, args.repeats, SIDE, args.batch_mb
-    fold, wanted = args.fold, args.modes
-    if args.quick:
-        params, repeats, side, batch_mb = [1.68e7], 1, 1024, 4.0
-        fold, wanted = 2, list(MODES)
-    if fold < 1:
-        p.error(f"--fold must be at least 1, got {fold}")
-    unknown = sorted(set(wanted) - set(MODES))
-    if unknown:
-        p.error(f"unknown --modes {unknown}: choose from {', '.join(MODES)}")
-    results = []
-    for n in params:
-        modes = [m for m in wanted if m != "whole" or n <= args.whole_up_to]
-        results.append(bench(n, repeats, modes, side, batch_mb, fold, args.embedding_rows))
+def report(results: list[dict[str, Any]]) -> list[str]:
+    """Print the table and the verdicts; return the verdicts (adds ``folded_saves``)."""
     print()
     head = ("params", "contender", "s", "GB/s", "peak - baseline", "x model")
     print("{:>8} {:10} {:>7} {:>6} {:>16} {:>8}".format(*head))
@@ -360,7 +327,58 @@ def main() -> None:
             )
     for v in verdicts:
         print(v)
-    print(json.dumps({"benchmark": "big_merge", "results": results, "verdicts": verdicts}))
+    return verdicts
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--params", type=float, nargs="+", default=[1e8, 1e9])
+    p.add_argument("--modes", nargs="+", default=["streamed", "whole"])
+    p.add_argument(
+        "--whole-up-to",
+        type=float,
+        default=2e8,
+        help="run the whole-state contender only up to this many parameters (its memory)",
+    )
+    p.add_argument("--batch-mb", type=float, default=64.0, help="streamed batch size")
+    p.add_argument(
+        "--fold", type=int, default=4, help="results merged by the serial and folded contenders"
+    )
+    p.add_argument(
+        "--embedding-rows",
+        type=int,
+        default=0,
+        help="a token embedding of this many rows x the layer side first (a language "
+        "model's largest tensor; counted in --params)",
+    )
+    add_common_options(
+        p,
+        quick_help="CI: 17M parameters in 1024 x 1024 layers, 4-MB batches, 1 repeat, every "
+        "contender (serial and folded with 2 results)",
+        repeats_default=3,
+    )
+    p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        child(*args.child)
+        return
+    params, repeats, side, batch_mb = args.params, args.repeats, SIDE, args.batch_mb
+    fold, wanted = args.fold, args.modes
+    if args.quick:
+        params, repeats, side, batch_mb = [1.68e7], 1, 1024, 4.0
+        fold, wanted = 2, list(MODES)
+    if fold < 1:
+        p.error(f"--fold must be at least 1, got {fold}")
+    unknown = sorted(set(wanted) - set(MODES))
+    if unknown:
+        p.error(f"unknown --modes {unknown}: choose from {', '.join(MODES)}")
+    with human_output(args):
+        results = []
+        for n in params:
+            modes = [m for m in wanted if m != "whole" or n <= args.whole_up_to]
+            results.append(bench(n, repeats, modes, side, batch_mb, fold, args.embedding_rows))
+        verdicts = report(results)
+    emit_summary("big_merge", {"results": results, "verdicts": verdicts}, args)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@ each learnt from a stalled run:
 
 :func:`kill_group` is that clean-up for any process started in its own
 group (the tests that start ``vcdl`` or ``dask`` processes otherwise).
+
+A helper of both a benchmark (``soak``) and the tests (the chaos, driver-kill
+and console tests), so it lives here, beside the benchmark, not in
+``tests/``: a benchmark imports nothing from the tests.
 """
 
 from __future__ import annotations

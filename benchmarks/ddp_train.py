@@ -28,6 +28,10 @@ state ``--snapshots`` times per epoch into memory with its time and writes
 them all to ``DIR/snapshots.pt`` after the last step (outside the timing).
 Nothing is evaluated here: the benchmark evaluates snapshots and checkpoints
 afterwards, untimed.
+
+No benchmark of its own (so none of benchmarks/harness.py's options; its
+``--out`` is the events' directory): ``torchrun`` starts it by its path, and
+it imports only ``vcdl``.
 """
 
 from __future__ import annotations

@@ -31,7 +31,10 @@ default up to 8) with N / processes threads each; each epoch has
 
 Options: ``--workers 8 32 64`` (several: one run each), ``--attempt-seconds
 30``, ``--params 25e6``, ``--epochs 2``, ``--set KEY=VALUE`` (config
-overrides, as ``vcdl train --set``), ``--json`` (only the JSON line).
+overrides, as ``vcdl train --set``), and the common ones of
+``benchmarks/harness.py`` (``--quick``, ``--json``, ``--out``; no ``--repeats``:
+each N is one run of ``--epochs`` epochs whose figures are over all of its
+attempts -- run the command again for a spread).
 ``--real CONFIG`` trains a real config instead of sleeping (for a GPU
 machine: its own model, data and objective; ``--workers`` as above); it adds
 the device that trained, the training samples per second of a slot and the
@@ -42,33 +45,29 @@ Target (issue 33): >= 64 workers at >= 90 % utilization with 30-s attempts and
 25M parameters, driven from this 2-core machine; the largest N at >= 90 % is
 reported.
 
-    python benchmarks/fleet.py --workers 8 32 64 --attempt-seconds 30 --params 25e6
-    python benchmarks/fleet.py --quick        # CI: 4 workers, 2-s attempts, 1M parameters
+    python -m benchmarks.fleet --workers 8 32 64 --attempt-seconds 30 --params 25e6
+    python -m benchmarks.fleet --quick        # CI: 4 workers, 2-s attempts, 1M parameters
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import resource
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from benchmarks.overhead import dispatch_times  # noqa: E402
-from benchmarks.sleeper import sleeper_config, write_sleeper_data  # noqa: E402
-from vcdl.config import RunConfig, apply_overrides, load_config, parse_config  # noqa: E402
-from vcdl.ledger.models import FOLDED_CHECKSUM  # noqa: E402
+from benchmarks.harness import add_common_options, emit_summary, human_output
+from benchmarks.overhead import dispatch_times
+from benchmarks.sleeper import sleeper_config, write_sleeper_data
+from vcdl.config import RunConfig, apply_overrides, load_config, parse_config
+from vcdl.ledger.models import FOLDED_CHECKSUM
 
 TARGET = 0.90
 MERGE_PHASES = ("assimilator_read_result", "assimilator_read_head", "assimilator_merge")
@@ -305,8 +304,7 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="a config override, as vcdl train --set (e.g. merge.result_precision=int8_delta)",
     )
-    p.add_argument("--quick", action="store_true", help="CI: 4 workers, 2-s attempts, 1M params")
-    p.add_argument("--json", action="store_true", help="print only the JSON summary")
+    add_common_options(p, quick_help="CI: 4 workers, 2-s attempts, 1M params", repeats=False)
     args = p.parse_args()
     if args.quick:
         args.workers, args.attempt_seconds, args.params, args.processes = [4], 2.0, 1e6, 2
@@ -317,25 +315,25 @@ def main() -> None:
     results = []
     # One directory for every N: the first run's home holds the ephemeral
     # Prefect server's database, which the process keeps using afterwards.
-    with tempfile.TemporaryDirectory(prefix="vcdl-fleet-") as tmp:
+    with human_output(args), tempfile.TemporaryDirectory(prefix="vcdl-fleet-") as tmp:
         for n in args.workers:
             r = run(args, n, Path(tmp) / f"n{n}")
             if not args.real:
                 r["projection"] = projection(r, args.attempt_seconds, os.cpu_count() or 1)
             results.append(r)
-            if not args.json:
-                print_run(r)
+            print_run(r)
     met = [r["workers"] for r in results if r["utilization"] >= TARGET]
     verdict = {
         "largest_n_at_90": max(met) if met else None,
         "target_met": any(r["workers"] >= 64 and r["utilization"] >= TARGET for r in results),
     }
-    if not args.json and not args.real:
-        print(
-            f"largest N at >= {100 * TARGET:.0f} % utilization: {verdict['largest_n_at_90']}; "
-            f">= 64 workers at >= 90 %: {'met' if verdict['target_met'] else 'MISSED'}"
-        )
-    print(json.dumps({"benchmark": "fleet", "results": results, **verdict}))
+    if not args.real:
+        with human_output(args):
+            print(
+                f"largest N at >= {100 * TARGET:.0f} % utilization: {verdict['largest_n_at_90']}; "
+                f">= 64 workers at >= 90 %: {'met' if verdict['target_met'] else 'MISSED'}"
+            )
+    emit_summary("fleet", {"results": results, **verdict}, args)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 # path on a GPU"):
 #   1. the CUDA tests (tests/gpu: placement, pinned transfers, bf16 autocast,
 #      no host synchronisation per step, evaluation equal to the CPU's);
-#   2. benchmarks/fleet.py --real on tinylm with a larger transformer, the same
+#   2. python -m benchmarks.fleet --real on tinylm with a larger transformer, the same
 #      run three ways side by side: GPU bf16 autocast, GPU fp32, CPU.
 # Every figure names the device it came from. Nothing else in vcdl needs a GPU.
 #
@@ -36,7 +36,7 @@ fi
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 fleet() { # device amp [timeout]
-    timeout "${3:-900}" "$PY" benchmarks/fleet.py --real examples/tinylm.toml \
+    timeout "${3:-900}" "$PY" -m benchmarks.fleet --real examples/tinylm.toml \
         --workers "$WORKERS" --processes "$WORKERS" --shards-per-worker 2 \
         --set "run.epochs=$EPOCHS" --set "model.kwargs=$MODEL" \
         --set "train.device=$1" --set "train.amp=$2" 2>"$OUT/fleet-$1-$2.err" |

@@ -36,10 +36,10 @@ merge of the writer processes and of the postgres server processes on this
 machine (anyone's), and the cores busy with anything else meanwhile: a
 number much above 0 means a noisy machine, the figures are then low.
 
-    python benchmarks/ledger.py                      # 16 writers, both workloads, both backends
-    python benchmarks/ledger.py --quick              # 4 writers, 200 merges
-    python benchmarks/ledger.py --backends postgresql --runs 16 --merges 800
-    python benchmarks/ledger.py --backends postgresql --pg-async-commit   # opt-in, see below
+    python -m benchmarks.ledger                      # 16 writers, both workloads, both backends
+    python -m benchmarks.ledger --quick              # 4 writers, 200 merges
+    python -m benchmarks.ledger --backends postgresql --runs 16 --merges 800
+    python -m benchmarks.ledger --backends postgresql --pg-async-commit   # opt-in, see below
 
 PostgreSQL: ``--pg-url`` (default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``,
 or ``$VCDL_BENCH_PG_URL``; ledger pool parameters may go in its query); each
@@ -56,10 +56,8 @@ The issue's target: >= 500 merges/s on PostgreSQL with 16 writers, on the
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -74,6 +72,7 @@ from typing import Any
 from sqlalchemy import Engine, event
 from sqlalchemy.engine import make_url
 
+from benchmarks.harness import add_common_options, emit_summary, human_output, median
 from vcdl.errors import HeadConflict
 from vcdl.ledger import Ledger
 
@@ -322,7 +321,7 @@ def bench(
             rounds.append(run_once(url, writers, runs, merges))
 
     def med(get: Any) -> float:
-        return statistics.median(get(r) for r in rounds)
+        return median(get(r) for r in rounds)
 
     return {
         "backend": backend,
@@ -357,7 +356,12 @@ def _rounded(value: Any) -> Any:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="4 writers, 200 merges")
+    add_common_options(
+        p,
+        quick_help="4 writers, 200 merges",
+        repeats_default=3,
+        repeats_help="repetitions; medians are shown",
+    )
     p.add_argument("--writers", type=int, help="concurrent writer processes (default 16)")
     p.add_argument("--merges", type=int, help="merges per repetition (default 1600)")
     p.add_argument(
@@ -366,7 +370,6 @@ def main() -> None:
         help="runs the writers share out (default: both workloads, one run per writer "
         "(team) and one run for all (one-run))",
     )
-    p.add_argument("--repeats", type=int, default=3, help="repetitions; medians are shown")
     p.add_argument("--backends", default="sqlite,postgresql", help="comma-separated")
     p.add_argument("--pg-url", default=os.environ.get("VCDL_BENCH_PG_URL", DEFAULT_PG_URL))
     p.add_argument(
@@ -380,7 +383,15 @@ def main() -> None:
     merges = args.merges or (200 if args.quick else 1600)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     workloads = [args.runs] if args.runs else [writers, 1]
+    with human_output(args):
+        summary = run_all(args, writers, merges, backends, workloads)
+    emit_summary("ledger_merges", summary, args)
 
+
+def run_all(
+    args: argparse.Namespace, writers: int, merges: int, backends: list[str], workloads: list[int]
+) -> dict[str, Any]:
+    """Every backend and workload, their table and the target's verdict; the summary."""
     print(
         f"{'backend':<11} {'workload':<8} {'writers':>7} {'runs':>4} {'merges':>6} "
         f"{'merges/s':>8} {'confl/m':>7} {'stmts/m':>7} | CPU ms/merge: writers server, "
@@ -411,8 +422,7 @@ def main() -> None:
                 f"{ms['commit']:>6.2f} | " + ", ".join(f"{x:.0f}" for x in r["all_merges_per_s"]),
                 flush=True,
             )
-    summary = {
-        "benchmark": "ledger_merges",
+    summary: dict[str, Any] = {
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
         "merge": "start_attempt + finish_attempt + head + commit_merge (+ CAS retries)",
@@ -442,7 +452,7 @@ def main() -> None:
             "target: not measured (needs --backends postgresql, 16 writers, the team "
             "workload, without --pg-async-commit)"
         )
-    print(json.dumps(summary))
+    return summary
 
 
 if __name__ == "__main__":

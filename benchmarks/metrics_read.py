@@ -2,19 +2,19 @@
 
 A scrape reads the run's subtasks, attempts, versions and evaluations from
 the ledger and computes the figures (vcdl.metrics.exporter.read_figures);
-this times that, median of 5, on an SQLite ledger holding a synthetic run of
+this times that, median of ``--repeats`` (5), on an SQLite ledger holding a synthetic run of
 N attempts (one per subtask, merged, with a timing breakdown each, as a
 fault-free run leaves them). No tensors, no Dask, no Prefect.
 
-    python benchmarks/metrics_read.py                 # 1 000, 10 000 and 50 000 attempts
-    python benchmarks/metrics_read.py --attempts 2000
+    python -m benchmarks.metrics_read                 # 1 000, 10 000 and 50 000 attempts
+    python -m benchmarks.metrics_read --attempts 2000
+    python -m benchmarks.metrics_read --quick         # 1 000 attempts, 3 reads
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import time
 from datetime import timedelta
@@ -22,6 +22,7 @@ from pathlib import Path
 
 from sqlmodel import Session
 
+from benchmarks.harness import add_common_options, emit_summary, human_output, median
 from vcdl.config import parse_config
 from vcdl.ledger import Attempt, Ledger, Subtask, Version, utcnow
 from vcdl.metrics.exporter import read_figures
@@ -69,24 +70,39 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--attempts", type=int, nargs="*", default=[1000, 10_000, 50_000])
     p.add_argument("--shards", type=int, default=100)
+    add_common_options(
+        p,
+        quick_help="1 000 attempts, 3 reads (CI)",
+        repeats_default=5,
+        repeats_help="timed reads per size; the median is shown",
+    )
     args = p.parse_args()
-    print("| attempts | read + figures, median of 5 (s) |")
-    print("|---:|---:|")
-    for n in args.attempts:
-        with tempfile.TemporaryDirectory() as tmp:
-            url = f"sqlite:///{Path(tmp) / 'ledger.db'}"
-            build(url, n, args.shards)
-            cfg = parse_config({"run": {"name": "r", "epochs": n // args.shards}})
-            ref = RunRef(run="r", ledger_url=url, store_url=tmp)
-            prices = run_prices(cfg.cost)
-            times = []
-            for _ in range(5):
-                started = time.perf_counter()
-                figures = read_figures(ref, cfg, prices)
-                times.append(time.perf_counter() - started)
-            assert figures.merges == n and figures.attempts_started == n
-            ref.ledger().close()
-            print(f"| {n:,} | {statistics.median(times):.3f} |")
+    attempts, repeats = ([1000], 3) if args.quick else (args.attempts, args.repeats)
+    with human_output(args):
+        print(f"| attempts | read + figures, median of {repeats} (s) |")
+        print("|---:|---:|")
+        seconds = {str(n): round(read_seconds(n, args.shards, repeats), 4) for n in attempts}
+    emit_summary("metrics_read", {"repeats": repeats, "median_s": seconds}, args)
+
+
+def read_seconds(n: int, shards: int, repeats: int) -> float:
+    """The median seconds of ``repeats`` reads of a run of ``n`` attempts (prints its row)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{Path(tmp) / 'ledger.db'}"
+        build(url, n, shards)
+        cfg = parse_config({"run": {"name": "r", "epochs": n // shards}})
+        ref = RunRef(run="r", ledger_url=url, store_url=tmp)
+        prices = run_prices(cfg.cost)
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            figures = read_figures(ref, cfg, prices)
+            times.append(time.perf_counter() - started)
+        assert figures.merges == n and figures.attempts_started == n
+        ref.ledger().close()
+    seconds = median(times)
+    print(f"| {n:,} | {seconds:.3f} |", flush=True)
+    return seconds
 
 
 if __name__ == "__main__":

@@ -30,9 +30,9 @@ It also prints vcdl's per-attempt breakdown (seconds per phase from
 ``attempt.timings`` in the ledger) and where each worker's time went
 (body of an attempt vs idle before, between, across the epoch barrier, after).
 
-    python benchmarks/overhead.py             # attempts of ~5 s (fitted), 3 repeats (~8 min)
-    python benchmarks/overhead.py --quick     # 8 short attempts, 1 repeat (~2 min)
-    python benchmarks/overhead.py --kill-every 20   # vcdl under SIGKILLs (see --help)
+    python -m benchmarks.overhead             # attempts of ~5 s (fitted), 3 repeats (~8 min)
+    python -m benchmarks.overhead --quick     # 8 short attempts, 1 repeat (~2 min)
+    python -m benchmarks.overhead --kill-every 20   # vcdl under SIGKILLs (see --help)
 
 ``--kill-every S`` runs vcdl with its preemption simulator (vcdl.chaos):
 SIGKILLs of a random worker at a Poisson rate of one per S seconds (mean
@@ -67,6 +67,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from benchmarks.harness import add_common_options, emit_summary, human_output, median
 from vcdl.config import RunConfig, load_config
 from vcdl.data import open_dataset, read_rows, shard_plan
 from vcdl.driver.runs import ensure_dataset, new_model
@@ -507,16 +508,16 @@ def summarize_phases(runs: list[dict[str, Any]]) -> list[tuple[str, float, float
     rows = []
     for name, keys in GROUPS.items():
         vals = [sum(p.get(k, 0.0) for k in keys) for p in phases]
-        rows.append((name, statistics.median(vals), statistics.mean(vals), 100 * sum(vals) / total))
+        rows.append((name, median(vals), statistics.mean(vals), 100 * sum(vals) / total))
     rows.append(
         ("queued (not overhead)", *_stats([p.get("queued", 0.0) for p in phases]), float("nan"))
     )
-    rows.append(("attempt wall", statistics.median(walls), statistics.mean(walls), 100.0))
+    rows.append(("attempt wall", median(walls), statistics.mean(walls), 100.0))
     return rows
 
 
 def _stats(vals: list[float]) -> tuple[float, float]:
-    return statistics.median(vals), statistics.mean(vals)
+    return median(vals), statistics.mean(vals)
 
 
 def report(
@@ -524,10 +525,7 @@ def report(
 ) -> dict[str, Any]:
     """Print the medians and the breakdown; return the one-line summary."""
     med = {
-        who: {
-            k: statistics.median(r[who][k] for r in runs)
-            for k in ("utilization", "wall", "train_seconds")
-        }
+        who: {k: median(r[who][k] for r in runs) for k in ("utilization", "wall", "train_seconds")}
         for who in ("vcdl", "dask", "torch")
     }
     print(f"\nmedians of {len(runs)} repeat(s); utilization = Σ training-loop s ÷ (workers × wall)")
@@ -561,7 +559,7 @@ def report(
             print("  vcdl  not split under kills (a replacement worker has a new address)")
             continue
         share = {
-            k: statistics.median(r[who]["workers_time"][k] / r[who]["worker_seconds"] for r in runs)
+            k: median(r[who]["workers_time"][k] / r[who]["worker_seconds"] for r in runs)
             for k in runs[0][who]["workers_time"]
         }
         print(f"  {who:5} " + "  ".join(f"{k} {100 * v:.1f}%" for k, v in share.items()))
@@ -569,14 +567,14 @@ def report(
     if barriers:
         print(
             f"vcdl epoch barrier (last merge of an epoch → first submit of the next): "
-            f"median {statistics.median(barriers):.2f}s"
+            f"median {median(barriers):.2f}s"
         )
     util = med["vcdl"]["utilization"]
     target = TARGET if kill_every is None else TARGET_KILLS
     verdict = "PASS" if util >= target else "MISS"
-    kills = statistics.median(r["vcdl"]["killed"] for r in runs)
-    resumed = statistics.median(r["vcdl"]["resumed"] for r in runs)
-    salvaged = statistics.median(r["vcdl"]["salvaged_seconds"] for r in runs)
+    kills = median(r["vcdl"]["killed"] for r in runs)
+    resumed = median(r["vcdl"]["resumed"] for r in runs)
+    salvaged = median(r["vcdl"]["salvaged_seconds"] for r in runs)
     mode = (
         "fault-free"
         if kill_every is None
@@ -663,8 +661,11 @@ def benchmark(
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="8 short attempts, 1 repeat (CI)")
-    p.add_argument("--repeats", type=int, help="repeats; figures are medians (default 3, quick 1)")
+    add_common_options(
+        p,
+        quick_help="8 short attempts, 1 repeat (CI)",
+        repeats_help="repeats; figures are medians (default 3, quick 1)",
+    )
     p.add_argument("--config", help="base config (default examples/mnist1d.toml)")
     p.add_argument(
         "--kill-every",
@@ -702,17 +703,18 @@ def main() -> None:
         p.error(f"--epochs must be >= 1, got {args.epochs}")
     if args.shards is not None and args.shards != 0 and (args.shards < 2 or args.shards % 2):
         p.error(f"--shards must be 0 or an even number >= 2 (2 workers), got {args.shards}")
-    _, summary = benchmark(
-        args.quick,
-        args.repeats,
-        args.config,
-        kill_every=args.kill_every,
-        attempt_seconds=args.attempt_seconds,
-        checkpoint_seconds=args.checkpoint_seconds,
-        shards=args.shards,
-        epochs=args.epochs,
-    )
-    print(json.dumps(summary))
+    with human_output(args):
+        _, summary = benchmark(
+            args.quick,
+            args.repeats,
+            args.config,
+            kill_every=args.kill_every,
+            attempt_seconds=args.attempt_seconds,
+            checkpoint_seconds=args.checkpoint_seconds,
+            shards=args.shards,
+            epochs=args.epochs,
+        )
+    emit_summary("overhead", summary, args)
 
 
 if __name__ == "__main__":

@@ -18,23 +18,23 @@ run() {
   local rc=$?
   echo "END $name $(date -u +%H:%M:%S) rc=$rc" >>"$logs/times.log"
 }
-run allocator benchmarks/allocator.py
-run overhead benchmarks/overhead.py --repeats 3
-run overhead_kills benchmarks/overhead.py --repeats 3 --kill-every 15 --epochs 4
-run task_engine benchmarks/task_engine.py
-run weights_io benchmarks/weights_io.py
-run ledger benchmarks/ledger.py
+run allocator -m benchmarks.allocator
+run overhead -m benchmarks.overhead --repeats 3
+run overhead_kills -m benchmarks.overhead --repeats 3 --kill-every 15 --epochs 4
+run task_engine -m benchmarks.task_engine
+run weights_io -m benchmarks.weights_io
+run ledger -m benchmarks.ledger
 # Plain VC-ASGD (alpha 0.3, docs/design.md §1) and the example's delta rule
 # with a constant alpha, each beside the example's config as shipped.
 vcasgd=merge.rule=vc_asgd,merge.schedule=constant,merge.staleness=plain,merge.staleness_grace=0
 constant=merge.schedule=constant
-run tta_a benchmarks/time_to_accuracy.py --parts a --repeats 3 \
+run tta_a -m benchmarks.time_to_accuracy --parts a --repeats 3 \
   --vcdl-also "$vcasgd" --vcdl-also "$constant"
-run rules_mnist1d benchmarks/rules.py --workloads mnist1d
-run rules_tinylm benchmarks/rules.py --workloads tinylm --epochs 6
-run tta_b benchmarks/time_to_accuracy.py --parts b --repeats-b 3 \
+run rules_mnist1d -m benchmarks.rules --workloads mnist1d
+run rules_tinylm -m benchmarks.rules --workloads tinylm --epochs 6
+run tta_b -m benchmarks.time_to_accuracy --parts b --repeats-b 3 \
   --vcdl-also "$vcasgd" --vcdl-also "$constant"
 # Part (a) again, 7 runs: 3 runs' medians cannot tell a 10 % difference from
 # the runs' spread (one run to the next differs by up to 1.5x).
-run tta_a7 benchmarks/time_to_accuracy.py --parts a --repeats 7 --vcdl-also "$vcasgd"
+run tta_a7 -m benchmarks.time_to_accuracy --parts a --repeats 7 --vcdl-also "$vcasgd"
 echo "DONE $(date -u +%H:%M:%S)" >>"$logs/times.log"

@@ -7,23 +7,22 @@ a LocalCluster of the example's workers, the ledger and the store), and
 trains the same model from the same initialization in one plain process
 for as many epochs, at the global batch (``train.batch_size`` × workers:
 what the fleet's steps see together), with the same optimizer and learning
-rate. Medians over ``--seeds``. Prints a table per workload, the best
-VC-ASGD setting's gap to one process against the target (1 point of
-accuracy; 2 % of validation loss), and a one-line JSON summary.
+rate. Medians over ``--seeds`` (the repeats: ``--repeats`` is the same
+option). Prints a table per workload, the best VC-ASGD setting's gap to
+one process against the target (1 point of accuracy; 2 % of validation
+loss), and a one-line JSON summary.
 
-    python benchmarks/rules.py                          # both workloads, 3 seeds
-    python benchmarks/rules.py --quick                  # CI: small mnist1d, 2 rules, 1 seed
-    python benchmarks/rules.py --workloads tinylm --epochs 6 --seeds 1
-    python benchmarks/rules.py --workloads mnist1d --rules vc_asgd "vc_asgd bf16" "vc_asgd int8"
-    python benchmarks/rules.py --workloads mnist1d \\
+    python -m benchmarks.rules                          # both workloads, 3 seeds
+    python -m benchmarks.rules --quick                  # CI: small mnist1d, 2 rules, 1 seed
+    python -m benchmarks.rules --workloads tinylm --epochs 6 --seeds 1
+    python -m benchmarks.rules --workloads mnist1d --rules vc_asgd "vc_asgd bf16" "vc_asgd int8"
+    python -m benchmarks.rules --workloads mnist1d \\
         --rules "vc_asgd rows plan" vc_asgd "vc_asgd streamed"
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.harness import add_common_options, emit_summary, human_output, median
 from vcdl.config import RunConfig, load_config
 from vcdl.data import open_dataset, read_arrays
 from vcdl.driver.runs import ensure_dataset, new_model
@@ -137,16 +137,16 @@ def bench(
             results.append(vcdl_run(cfg.updated(run={"name": name}), metric, home))
         rows[rule] = {"metric": [m for m, _ in results], "seconds": [s for _, s in results]}
         print(f"[{workload}] {rule}: {rows[rule]}", flush=True)
-    ref = statistics.median(rows["one process"]["metric"])
+    ref = median(rows["one process"]["metric"])
     table = {}
     for name, row in rows.items():
-        med = statistics.median(row["metric"])
+        med = median(row["metric"])
         gap = (ref - med) if higher else (med - ref) / ref
         table[name] = {
             "median": round(med, 4),
             "min": round(min(row["metric"]), 4),
             "max": round(max(row["metric"]), 4),
-            "seconds": round(statistics.median(row["seconds"]), 1),
+            "seconds": round(median(row["seconds"]), 1),
             "gap": round(gap, 4),
         }
     vc = {k: v for k, v in table.items() if k.startswith("vc_asgd") and k in DEFAULT_RULES}
@@ -192,13 +192,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=sorted(WORKLOADS))
     p.add_argument("--rules", nargs="+", choices=list(SETTINGS), default=DEFAULT_RULES)
-    p.add_argument("--seeds", type=int, default=3, help="seeds per setting (medians)")
+    p.add_argument("--seeds", "--repeats", type=int, default=3, help="seeds per setting (medians)")
     p.add_argument("--epochs", type=int, help="override the examples' epochs")
-    p.add_argument(
-        "--quick", action="store_true", help="CI: mnist1d of 4 000 samples, 2 epochs, 1 seed"
-    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--json", action="store_true", help="print only the JSON summary")
+    add_common_options(
+        p, quick_help="CI: mnist1d of 4 000 samples, 2 epochs, 1 seed", repeats=False
+    )
     args = p.parse_args()
     extra = list(args.set)
     workloads, rules, seeds = args.workloads, args.rules, list(range(args.seeds))
@@ -208,13 +207,12 @@ def main() -> None:
     if args.epochs:
         extra.append(f"run.epochs={args.epochs}")
     results = []
-    with tempfile.TemporaryDirectory(prefix="vcdl-rules-") as tmp:
+    with human_output(args), tempfile.TemporaryDirectory(prefix="vcdl-rules-") as tmp:
         for w in workloads:
             results.append(bench(w, rules, seeds, extra, Path(tmp)))
-    if not args.json:
         for r in results:
             print_table(r)
-    print(json.dumps({"benchmark": "rules", "results": results}))
+    emit_summary("rules", {"results": results}, args)
 
 
 if __name__ == "__main__":

@@ -24,19 +24,20 @@ divided by the split's bytes for a ``--gib`` data set (default 2 GiB) with
 worker's peak memory training on it against a ``--small-mb`` set (target
 <= 0.5 GB above).
 
-    python benchmarks/scale.py                    # both parts at full size
-    python benchmarks/scale.py --parts storage    # 100M parameters, 3 epochs, 4 shards, 2 workers
-    python benchmarks/scale.py --quick            # CI: 2M parameters, MBs of data
-    python benchmarks/scale.py --params 1e8 --epochs 5 --json
+No ``--repeats``: the storage part's figures are bytes (the same in every
+run), and the data part's are bytes read and a peak, not timings.
+
+    python -m benchmarks.scale                    # both parts at full size
+    python -m benchmarks.scale --parts storage    # 100M parameters, 3 epochs, 4 shards, 2 workers
+    python -m benchmarks.scale --quick            # CI: 2M parameters, MBs of data
+    python -m benchmarks.scale --params 1e8 --epochs 5 --json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -44,15 +45,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vcdl.config import RunConfig, parse_config
-
-if __package__ in (None, ""):
-    # Run as a script (python benchmarks/scale.py): its siblings are imported
-    # as the `benchmarks` package, as the tests import them.
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from benchmarks import scale_data
+from benchmarks.harness import add_common_options, emit_summary, human_output
 from benchmarks.sleeper import sleeper_config, write_sleeper_data
+from vcdl.config import RunConfig, parse_config
 
 
 def storage_config(args: argparse.Namespace, keep: dict[str, Any], home: Path) -> RunConfig:
@@ -221,8 +217,7 @@ def main() -> None:
     )
     p.add_argument("--gib", type=float, default=2.0, help="data: the large set's size (GiB)")
     p.add_argument("--small-mb", type=float, default=20.0, help="data: the small set (MiB)")
-    p.add_argument("--quick", action="store_true", help="CI: 2M parameters, 2 epochs, 2 shards")
-    p.add_argument("--json", action="store_true", help="print only the JSON summary")
+    add_common_options(p, quick_help="CI: 2M parameters, 2 epochs, 2 shards", repeats=False)
     args = p.parse_args()
     if args.quick:
         args.params, args.epochs, args.shards, args.attempt_seconds = 2e6, 2, 2, 0.2
@@ -230,14 +225,14 @@ def main() -> None:
     # whatever the environment already allows (docs/configuration.md).
     allowed = [m for m in os.environ.get("VCDL_ALLOW_IMPORTS", "").split(",") if m.strip()]
     os.environ["VCDL_ALLOW_IMPORTS"] = ",".join([*allowed, "vcdl.models.synthetic"])
-    summary: dict[str, Any] = {"benchmark": "scale"}
+    summary: dict[str, Any] = {}
     for name in args.parts:
         part, show = PARTS[name]
-        result = part(args)
-        if not args.json:
+        with human_output(args):
+            result = part(args)
             show(result)
         summary[name] = {k: v for k, v in result.items() if k != "report"}
-    print(json.dumps(summary))
+    emit_summary("scale", summary, args)
 
 
 if __name__ == "__main__":

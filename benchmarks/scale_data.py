@@ -17,12 +17,13 @@ the row-permutation plan of before issue 32 (``data.plan = "rows"``).
 set, another the same attempts on a small set (``--small-mb``, default 20);
 the difference of their peak resident set sizes. Target ≤ 0.5 GB.
 
-    python benchmarks/scale_data.py                # 2 GiB set, then deleted
-    python benchmarks/scale_data.py --quick        # CI: 24 MiB vs 2 MiB, 2 and 4 shards
-    python benchmarks/scale_data.py --json         # only the JSON summary
+    python -m benchmarks.scale_data                # 2 GiB set, then deleted
+    python -m benchmarks.scale_data --quick        # CI: 24 MiB vs 2 MiB, 2 and 4 shards
+    python -m benchmarks.scale_data --json         # only the JSON summary
 
 Prints the figures and a one-line JSON summary. :func:`measure` is what
-``benchmarks/scale.py`` can call.
+``benchmarks/scale.py`` can call. No ``--repeats``: its figures are bytes
+read and a peak resident size, not timings.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.harness import REPO, add_common_options, emit_summary, human_output
 
 READ_TARGET = 1.25
 MEMORY_TARGET = 0.5e9  # bytes above the small set's peak
@@ -358,8 +359,7 @@ def main() -> None:
         worker_main(sys.argv[2:])
         return
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="MBs instead of GBs (CI)")
-    p.add_argument("--json", action="store_true", help="print only the JSON summary")
+    add_common_options(p, quick_help="MBs instead of GBs (CI)", repeats=False)
     p.add_argument("--gib", type=float, default=2.0, help="size of the large set (GiB)")
     p.add_argument("--small-mb", type=float, default=20.0, help="size of the small set (MiB)")
     p.add_argument("--rows-plan", action="store_true", help="also the row plan, first count")
@@ -381,9 +381,9 @@ def main() -> None:
         )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)  # the GBs go, whatever happened
-    if not args.json:
+    with human_output(args):
         print(report(r))
-    print(json.dumps(summary(r)))
+    emit_summary("scale_data", summary(r), args)
 
 
 if __name__ == "__main__":

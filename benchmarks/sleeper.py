@@ -3,7 +3,8 @@
 ``benchmarks/fleet.py`` and ``benchmarks/scale.py`` measure what is around
 training -- dispatch, the ledger, the store's bytes, the merge -- with a
 model of many parameters that trains for a fixed number of seconds. Both
-build the same run here.
+build the same run here; so does a test (tests/integration/test_memory_admission.py),
+which is why the helper lives beside the benchmarks, not in ``tests/``.
 """
 
 from __future__ import annotations

@@ -17,17 +17,18 @@ finished by ``vcdl resume``. Then, per run:
 
 A run that does not complete, an audit problem or a left orphan makes the
 soak fail (exit 1): the figures are printed first. One JSON line ends it.
+``--runs`` is its repeats (``--repeats`` is the same option): each run is a
+verdict of its own, not a sample of a timing, so there is no median.
 
-    python benchmarks/soak.py examples/mnist1d.toml --runs 3 \\
+    python -m benchmarks.soak examples/mnist1d.toml --runs 3 \\
         --set merge.fold=4 cluster.workers=4 data.shards=16 train.batch_size=25 \\
         train.local_epochs=4 fault.checkpoint_seconds=0.1
-    python benchmarks/soak.py --quick     # CI: one short run of mnist1d, fold 4, a killed driver
+    python -m benchmarks.soak --quick     # CI: one short run of mnist1d, fold 4, a killed driver
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import tempfile
@@ -35,15 +36,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    # Run as a script (python benchmarks/soak.py): its siblings are imported
-    # as the `benchmarks` package, as the tests import them.
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from benchmarks.cli_proc import reap, start_vcdl
+from benchmarks.harness import REPO, add_common_options, emit_summary, human_output
 from vcdl.chaos import DEFAULT_START
 
-REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "mnist1d.toml"
 QUICK_SETS = [
     "run.epochs=2",
@@ -151,7 +147,7 @@ def problems_of(run: dict[str, Any], epochs: int | None) -> list[str]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("config", nargs="?", type=Path, default=EXAMPLE)
-    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--runs", "--repeats", type=int, default=3, help="runs (default 3)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
     p.add_argument("--preempt", type=float, default=1.0, help="events per second (Poisson)")
     p.add_argument(
@@ -171,11 +167,10 @@ def main() -> int:
     )
     p.add_argument("--seed", type=int, default=1, help="the first run's seed (one more per run)")
     p.add_argument("--home", type=Path, help="keep the runs' homes here (default: a temp dir)")
-    p.add_argument("--json", action="store_true", help="only the JSON line")
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"CI: {' '.join(QUICK_SETS)}, --preempt-start {QUICK_PREEMPT_START:g}",
+    add_common_options(
+        p,
+        quick_help=f"CI: {' '.join(QUICK_SETS)}, --preempt-start {QUICK_PREEMPT_START:g}",
+        repeats=False,
     )
     args = p.parse_args()
     sets, runs, every = list(args.set), args.runs, args.kill_driver_every
@@ -191,7 +186,7 @@ def main() -> int:
 
     epochs = load_config(args.config, sets).run.epochs  # a bad override fails here, clearly
     results = []
-    with tempfile.TemporaryDirectory(prefix="vcdl-soak-") as tmp:
+    with human_output(args), tempfile.TemporaryDirectory(prefix="vcdl-soak-") as tmp:
         root = args.home or Path(tmp)
         for i in range(runs):
             seed = args.seed + i
@@ -201,21 +196,17 @@ def main() -> int:
             )
             run["problems"] = problems_of(run, epochs)
             results.append(run)
-            if not args.json:
-                verdict = (
-                    "clean" if not run["problems"] else "PROBLEMS: " + "; ".join(run["problems"])
-                )
-                killed = ", driver killed and resumed" if run["driver_killed"] else ""
-                print(
-                    f"run {i + 1}/{runs} (seed {seed}{killed}): {run['state']} in "
-                    f"{run['seconds']:.0f} s, {run['kills']} kills and {run['notices']} notices "
-                    f"sent, {run['versions']} versions ({run['versions_folded']} folded), "
-                    f"accuracy {run['test_accuracy']}, {verdict}",
-                    flush=True,
-                )
+            verdict = "clean" if not run["problems"] else "PROBLEMS: " + "; ".join(run["problems"])
+            killed = ", driver killed and resumed" if run["driver_killed"] else ""
+            print(
+                f"run {i + 1}/{runs} (seed {seed}{killed}): {run['state']} in "
+                f"{run['seconds']:.0f} s, {run['kills']} kills and {run['notices']} notices "
+                f"sent, {run['versions']} versions ({run['versions_folded']} folded), "
+                f"accuracy {run['test_accuracy']}, {verdict}",
+                flush=True,
+            )
     failed = [r["seed"] for r in results if r["problems"]]
     summary = {
-        "benchmark": "soak",
         "config": str(args.config),
         "set": sets,
         "runs": results,
@@ -223,7 +214,7 @@ def main() -> int:
         "versions_folded": sum(r["versions_folded"] for r in results),
         "failed_seeds": failed,
     }
-    print(json.dumps(summary))
+    emit_summary("soak", summary, args)
     return 1 if failed else 0
 
 

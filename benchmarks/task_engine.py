@@ -14,25 +14,22 @@ warm-up subflow each first. Per task: **submit → body** (the driver's submit
 until the body starts: Dask scheduling and the engine before the body) and
 **body → result** (the engine after it and the result's way back), medians.
 
-    python benchmarks/task_engine.py             # 5 rounds x 20 tasks per client
-    python benchmarks/task_engine.py --quick     # 2 rounds x 5 tasks (CI)
+    python -m benchmarks.task_engine             # 5 rounds x 20 tasks per client
+    python -m benchmarks.task_engine --quick     # 2 rounds x 5 tasks (CI)
 
-Ends with a one-line JSON summary.
+``--rounds`` is its repeats (``--repeats`` is the same option). Ends with a
+one-line JSON summary.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: import the repo's packages
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.harness import add_common_options, emit_summary, human_output, median
 
 # Before prefect is imported: no telemetry from an offline machine; time for
 # the ephemeral API to start on a busy one (as vcdl.api.prepare_prefect).
@@ -95,15 +92,15 @@ def measure(rounds: int, n: int, log: Any = print) -> dict[str, dict[str, Any]]:
                     rows[name] += got
                     log(
                         f"round {r + 1}/{rounds} {name}: submit->body median "
-                        f"{statistics.median(g[0] for g in got):.3f} s"
+                        f"{median(g[0] for g in got):.3f} s"
                     )
 
     parent()
     return {
         name: {
             "tasks": len(rs),
-            "submit_to_body_s": round(statistics.median(r[0] for r in rs), 4),
-            "body_to_result_s": round(statistics.median(r[1] for r in rs), 4),
+            "submit_to_body_s": round(median(r[0] for r in rs), 4),
+            "body_to_result_s": round(median(r[1] for r in rs), 4),
         }
         for name, rs in rows.items()
     }
@@ -111,25 +108,27 @@ def measure(rounds: int, n: int, log: Any = print) -> dict[str, dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 rounds x 5 tasks (CI)")
-    parser.add_argument("--rounds", type=int, default=None, help="subflows per client (5)")
+    add_common_options(parser, quick_help="2 rounds x 5 tasks (CI)", repeats=False)
+    parser.add_argument(
+        "--rounds", "--repeats", type=int, default=None, help="subflows per client (5)"
+    )
     parser.add_argument("--tasks", type=int, default=None, help="tasks per subflow (20)")
     args = parser.parse_args(argv)
     rounds = args.rounds or (2 if args.quick else 5)
     n = args.tasks or (5 if args.quick else 20)
     if rounds < 1 or n < 1:
         parser.error("--rounds and --tasks must be at least 1")
-    res = measure(rounds, n)
-    old, new = (res[name] for name in CLIENTS)
-    print(f"\nPrefect task engine on a Dask worker, {rounds} rounds x {n} tasks per client:")
-    print("| client | submit -> body (median) | body -> result (median) |")
-    print("|---|---|---|")
-    for name, r in res.items():
-        print(f"| {name} | {r['submit_to_body_s']:.3f} s | {r['body_to_result_s']:.3f} s |")
-    saved = old["submit_to_body_s"] - new["submit_to_body_s"]
-    print(f"vcdl's client saves {saved:.3f} s before every task body.")
-    summary = {"benchmark": "task_engine", "rounds": rounds, "tasks": n, "results": res}
-    print(json.dumps(summary))
+    with human_output(args):
+        res = measure(rounds, n)
+        old, new = (res[name] for name in CLIENTS)
+        print(f"\nPrefect task engine on a Dask worker, {rounds} rounds x {n} tasks per client:")
+        print("| client | submit -> body (median) | body -> result (median) |")
+        print("|---|---|---|")
+        for name, r in res.items():
+            print(f"| {name} | {r['submit_to_body_s']:.3f} s | {r['body_to_result_s']:.3f} s |")
+        saved = old["submit_to_body_s"] - new["submit_to_body_s"]
+        print(f"vcdl's client saves {saved:.3f} s before every task body.")
+    emit_summary("task_engine", {"rounds": rounds, "tasks": n, "results": res}, args)
     return 0
 
 

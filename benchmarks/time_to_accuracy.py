@@ -60,8 +60,8 @@ Method (the same for every contender):
   figures are medians over ``--repeats``. The machine is shared: timings
   are noisy.
 
-    python benchmarks/time_to_accuracy.py            # full: ~12 min
-    python benchmarks/time_to_accuracy.py --quick    # small sizes, ~3 min (CI)
+    python -m benchmarks.time_to_accuracy            # full: ~12 min
+    python -m benchmarks.time_to_accuracy --quick    # small sizes, ~3 min (CI)
 """
 
 from __future__ import annotations
@@ -69,21 +69,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import statistics
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from vcdl.config import RunConfig
-
-if __package__ in (None, ""):
-    # Run as a script (python benchmarks/time_to_accuracy.py): its siblings
-    # are imported as the `benchmarks` package, as the tests import them.
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from benchmarks.harness import add_common_options, emit_summary, human_output, median
 from benchmarks.tta_common import (
     QUICK,
     Curve,
@@ -94,6 +86,7 @@ from benchmarks.tta_common import (
     time_to,
 )
 from benchmarks.tta_contenders import run_ddp, run_one_process, run_vcdl
+from vcdl.config import RunConfig
 from vcdl.worker.allocator import TUNED_ENV
 
 __all__ = ["QUICK", "Settings", "contenders", "run_benchmark", "summary_line"]
@@ -107,7 +100,7 @@ __all__ = ["QUICK", "Settings", "contenders", "run_benchmark", "summary_line"]
 def _median(values: Sequence[float | None]) -> float | None:
     """Median; a contender that never reached the target counts as infinitely slow."""
     vals = [float("inf") if v is None else v for v in values]
-    m = statistics.median(vals) if vals else float("inf")
+    m = median(vals) if vals else float("inf")
     return None if m == float("inf") else round(m, 2)
 
 
@@ -182,7 +175,7 @@ def part_a(s: Settings, npz: Path, work: Path, log: Callable[[str], None]) -> di
                 f"time_to_{_pct(t)}": _median([time_to(r["curve"], t) for r in rs])
                 for t in s.targets_a
             },
-            "final_accuracy": statistics.median(_final(r["curve"]) for r in rs),
+            "final_accuracy": median(_final(r["curve"]) for r in rs),
             "train_wall": _median([r["train_wall"] for r in rs]),
             "total_wall": _median([r["total_wall"] for r in rs]),
             "runs": rs,
@@ -229,10 +222,10 @@ def part_b(s: Settings, npz: Path, work: Path, log: Callable[[str], None]) -> di
     for name, rs in runs.items():
         out[name] = {
             f"time_to_{_pct(s.target_b)}": _median([time_to(r["curve"], s.target_b) for r in rs]),
-            "final_accuracy": statistics.median(_final(r["curve"]) for r in rs),
+            "final_accuracy": median(_final(r["curve"]) for r in rs),
             "train_wall": _median([r["train_wall"] for r in rs]),
             "total_wall": _median([r["total_wall"] for r in rs]),
-            "kills": statistics.median(r["kills"] for r in rs),
+            "kills": median(r["kills"] for r in rs),
             "runs": rs,
         }
         if name != "ddp":
@@ -246,10 +239,10 @@ def _vcdl_medians(v: list[dict[str, Any]]) -> dict[str, Any]:
     gaps = [r["savings_gap_points"] for r in v if r["savings_gap_points"] is not None]
     realized = [r["realized_savings"] for r in v if r["realized_savings"] is not None]
     return {
-        "utilization": statistics.median(r["utilization"] for r in v),
-        "savings_gap_points": statistics.median(gaps) if gaps else None,
+        "utilization": median(r["utilization"] for r in v),
+        "savings_gap_points": median(gaps) if gaps else None,
         "spot_discount": v[0]["spot_discount"],
-        "realized_savings": statistics.median(realized) if realized else None,
+        "realized_savings": median(realized) if realized else None,
     }
 
 
@@ -411,9 +404,12 @@ def summary_line(res: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="8 000 samples, small models (CI)")
+    add_common_options(
+        p,
+        quick_help="8 000 samples, small models (CI)",
+        repeats_help="repeats of part (a) (default 3; quick 1)",
+    )
     p.add_argument("--parts", default="ab", help="which parts: a, b or ab")
-    p.add_argument("--repeats", type=int, help="repeats of part (a) (default 3; quick 1)")
     p.add_argument("--repeats-b", type=int, help="repeats of part (b) (default 1)")
     p.add_argument("--kill-interval", type=float, help="mean seconds between kills (default 15)")
     p.add_argument("--kill-seed", type=int)
@@ -456,11 +452,12 @@ def main() -> None:
         if getattr(args, arg) is not None:
             s = replace(s, **{name: getattr(args, arg)})
     work = Path(args.work_dir) if args.work_dir else None
-    res = run_benchmark(s, work, log=lambda m: print(m, flush=True))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(res, indent=1))
-    print_report(res, s)
-    print(json.dumps(summary_line(res)))
+    with human_output(args):
+        res = run_benchmark(s, work, log=lambda m: print(m, flush=True))
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(res, indent=1))
+        print_report(res, s)
+    emit_summary("time_to_accuracy", summary_line(res), args)
 
 
 if __name__ == "__main__":

@@ -39,9 +39,9 @@ on the same endpoint, not against AWS.
 Targets (from the issue): version write+read <= 2x torch.save+load locally;
 merge >= 50% of the alpha-blend throughput. Each is printed PASS or MISS.
 
-    python benchmarks/weights_io.py              # ResNet-50 size, 5 repeats
-    python benchmarks/weights_io.py --quick      # ~5M parameters, 2 repeats
-    python benchmarks/weights_io.py --no-s3      # local only
+    python -m benchmarks.weights_io              # ResNet-50 size, 5 repeats
+    python -m benchmarks.weights_io --quick      # ~5M parameters, 2 repeats
+    python -m benchmarks.weights_io --no-s3      # local only
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ import json
 import logging
 import os
 import shutil
-import statistics
 import tempfile
 import time
 import uuid
@@ -62,6 +61,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.harness import add_common_options, emit_summary, human_output, median
 from vcdl.config import MergeSection
 from vcdl.driver.head_cache import HeadCache
 from vcdl.merge import validate_result, vc_asgd
@@ -164,8 +164,7 @@ def median_rounds(contenders: dict[str, IOContender], n: int) -> dict[str, tuple
             if i:  # the first round warms caches, connections and allocators
                 times[name].append((w, r))
     return {
-        name: (statistics.median(w for w, _ in ts), statistics.median(r for _, r in ts))
-        for name, ts in times.items()
+        name: (median(w for w, _ in ts), median(r for _, r in ts)) for name, ts in times.items()
     }
 
 
@@ -330,7 +329,7 @@ def bench_merge(state: StateDict, n: int) -> dict[str, float]:
                 t = timed(fn)
                 if i >= 2:  # two warm-ups: after them the cache has its spare buffers
                     times[name].append(t)
-        return {name: statistics.median(ts) for name, ts in times.items()}
+        return {name: median(ts) for name, ts in times.items()}
     finally:
         torch.set_num_threads(threads)
 
@@ -346,10 +345,20 @@ def verdict(ok: bool) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, help="timed runs per figure (default 5; --quick 2)")
-    p.add_argument("--quick", action="store_true", help="~5M-parameter state, 2 repeats")
+    add_common_options(
+        p,
+        quick_help="~5M-parameter state, 2 repeats",
+        repeats_help="timed runs per figure (default 5; --quick 2)",
+    )
     p.add_argument("--no-s3", action="store_true", help="skip the loopback S3 endpoint")
     args = p.parse_args()
+    with human_output(args):
+        summary = measure(args)
+    emit_summary("weights_io", summary, args)
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Every figure, printed as tables with the targets' verdicts; the summary."""
     n = args.repeats or (2 if args.quick else 5)
     state = resnet50_state(width=28 if args.quick else 64)
     size = nbytes(state)
@@ -419,8 +428,7 @@ def main() -> None:
         print(
             f"(no target) on moto S3: version write+read {ratios['s3 (moto)']:.2f}x torch via s3fs"
         )
-    summary = {
-        "benchmark": "weights_io",
+    return {
         "parameters": parameter_count(state),
         "tensors": len(state),
         "bytes": size,
@@ -446,7 +454,6 @@ def main() -> None:
         "target_merge": verdict(merge_ok),
         "load_average_end": round(os.getloadavg()[0], 1),
     }
-    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """The quick paths of the benchmarks not covered elsewhere, run as a user runs them.
 
-``overhead.py`` and ``time_to_accuracy.py`` have tests of their own; these
-run ``weights_io.py``, ``ledger.py``, ``allocator.py``, ``task_engine.py``,
-``rules.py``, ``fleet.py``, ``big_merge.py``, ``scale.py`` (with
-``scale_data.py``) and ``soak.py`` with ``--quick`` in a subprocess and check the one-line
-JSON summary each ends with. Timings are not asserted (a shared CI machine), only what a run must
+``overhead`` and ``time_to_accuracy`` have tests of their own; these run
+``weights_io``, ``ledger``, ``allocator``, ``task_engine``, ``rules``,
+``fleet``, ``big_merge``, ``scale`` (with ``scale_data``) and ``soak`` as
+``python -m benchmarks.NAME --quick`` in a subprocess and check the one-line
+JSON summary each ends with (with its run's environment, benchmarks/harness.py).
+Timings are not asserted (a shared CI machine), only what a run must
 always show; the allocator's page faults per training step are not a timing
 and are asserted.
 """
@@ -25,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.alone]
 
 
-def _run(script: str, *args: str, api_url: str | None = None) -> dict[str, Any]:
+def _run(name: str, *args: str, api_url: str | None = None) -> dict[str, Any]:
     """The benchmark's ``--quick`` summary. ``api_url``: the session's Prefect server,
     for a benchmark whose figures are not Prefect's own (fleet.py samples the
     temporary server it starts; a server it is given is used as it is)."""
@@ -33,7 +34,7 @@ def _run(script: str, *args: str, api_url: str | None = None) -> dict[str, Any]:
     if api_url is not None:
         env["PREFECT_API_URL"] = api_url
     out = subprocess.run(
-        [sys.executable, f"benchmarks/{script}", "--quick", *args],
+        [sys.executable, "-m", f"benchmarks.{name}", "--quick", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -42,11 +43,13 @@ def _run(script: str, *args: str, api_url: str | None = None) -> dict[str, Any]:
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    summary: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["benchmark"] and summary["env"]["commit"], summary.get("env")
+    return summary
 
 
 def test_weights_io_quick() -> None:
-    res = _run("weights_io.py")
+    res = _run("weights_io")
     assert res["benchmark"] == "weights_io"
     for where in ("local", "s3"):
         assert all(v > 0 for v in res[where].values()), res[where]
@@ -56,7 +59,7 @@ def test_weights_io_quick() -> None:
 @pytest.mark.usefixtures("pg_url")  # skips (fails under CI=true) without PostgreSQL
 def test_ledger_quick() -> None:
     # ledger.py makes and drops a schema per repetition on its default server.
-    res = _run("ledger.py")
+    res = _run("ledger")
     assert res["benchmark"] == "ledger_merges"
     for key in ("sqlite/team/durable", "postgresql/team/durable"):
         r = res["results"][key]
@@ -64,7 +67,7 @@ def test_ledger_quick() -> None:
 
 
 def test_allocator_quick() -> None:
-    res = _run("allocator.py")
+    res = _run("allocator")
     faults = res["faults_per_step"]
     # Dask's environment faults a training step's tensors in afresh (thousands
     # of pages a step); vcdl's workers reuse heap memory.
@@ -74,7 +77,7 @@ def test_allocator_quick() -> None:
 
 
 def test_task_engine_quick(prefect_api_url: str) -> None:
-    res = _run("task_engine.py", api_url=prefect_api_url)
+    res = _run("task_engine", api_url=prefect_api_url)
     assert res["benchmark"] == "task_engine"
     results = res["results"]
     assert set(results) == {"prefect-dask's PrefectDaskClient", "vcdl's VcdlDaskClient"}
@@ -84,7 +87,7 @@ def test_task_engine_quick(prefect_api_url: str) -> None:
 
 
 def test_rules_quick(prefect_api_url: str) -> None:
-    res = _run("rules.py", api_url=prefect_api_url)
+    res = _run("rules", api_url=prefect_api_url)
     assert res["benchmark"] == "rules"
     (r,) = res["results"]
     assert r["workload"] == "mnist1d" and r["metric"] == "accuracy" and r["epochs"] == 2
@@ -99,7 +102,7 @@ def test_fleet_quick() -> None:
     # With merge.fold: the results of 4 slots that start together come back
     # together, and their merges are folded (every other flow test merges one
     # at a time).
-    res = _run("fleet.py", "--set", "merge.fold=4")
+    res = _run("fleet", "--set", "merge.fold=4")
     assert res["benchmark"] == "fleet"
     (r,) = res["results"]
     assert r["workers"] == 4 and r["merged"] == r["shards_per_epoch"] * r["epochs"]
@@ -118,7 +121,7 @@ def test_fleet_quick() -> None:
 def test_fleet_real_names_its_device_and_what_the_run_learned() -> None:
     # --real trains a config (benchmarks/gpu.sh runs it on a GPU): the summary
     # says where it trained, how fast a slot trained and the run's test figures.
-    res = _run("fleet.py", "--real", "examples/digits.toml", "--set", "run.epochs=1")
+    res = _run("fleet", "--real", "examples/digits.toml", "--set", "run.epochs=1")
     (r,) = res["results"]
     assert r["merged"] == r["shards_per_epoch"] and r["attempt_seconds"] is None
     assert r["device"] == "cpu" and r["amp"] is False and r["samples_per_train_s"] > 0
@@ -126,7 +129,7 @@ def test_fleet_real_names_its_device_and_what_the_run_learned() -> None:
 
 
 def test_big_merge_quick() -> None:
-    res = _run("big_merge.py")
+    res = _run("big_merge")
     assert res["benchmark"] == "big_merge"
     (r,) = res["results"]
     streamed, whole = r["rows"]["streamed"], r["rows"]["whole"]
@@ -147,7 +150,7 @@ def test_big_merge_quick() -> None:
 
 
 def test_scale_quick(prefect_api_url: str) -> None:
-    res = _run("scale.py", api_url=prefect_api_url)
+    res = _run("scale", api_url=prefect_api_url)
     assert res["benchmark"] == "scale"
     s = res["storage"]
     default, every = s["runs"]
@@ -171,7 +174,7 @@ def test_scale_quick(prefect_api_url: str) -> None:
 
 def test_soak_quick(prefect_api_url: str) -> None:
     # One short run under kills, its driver killed and resumed, audited deep.
-    res = _run("soak.py", api_url=prefect_api_url)
+    res = _run("soak", api_url=prefect_api_url)
     assert res["benchmark"] == "soak" and res["failed_seeds"] == []
     (run,) = res["runs"]
     assert run["state"] == "completed" and run["exit_code"] == 0
