@@ -557,6 +557,44 @@ def resolve_home(home: str | Path | None = None) -> Path:
     return Path(home).expanduser().resolve()
 
 
+def writable_home(home: str | Path | None = None) -> Path:
+    """:func:`resolve_home`, refused (:class:`ConfigError`, exit 2) when vcdl cannot write there.
+
+    A home that is a file, under one, or on a file system that takes no new
+    folders (``/proc``, ``/sys``, a read-only mount) fails here in one line naming
+    where it came from, before anything is written; else the first write under it
+    failed, blaming ``store.url``. The check makes and removes an empty folder
+    in the home (or in its nearest existing parent when it does not exist yet).
+    """
+    import tempfile
+
+    path = resolve_home(home)
+    if home is not None:
+        option = "--home"
+    elif os.environ.get(HOME_ENV):
+        option = f"${HOME_ENV}"
+    else:
+        option = "the default home"
+    there = path
+    while not os.path.lexists(there) and there != there.parent:
+        there = there.parent
+    if not there.is_dir():
+        what = "is" if there == path else f"is under {there}, which is"
+        raise ConfigError(
+            f"{option} {path} {what} a file, not a folder: "
+            "pass a folder (it is made if it does not exist)"
+        )
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".vcdl-probe-", dir=there))
+    except OSError as exc:
+        where = "" if there == path else f" (in {there})"
+        raise ConfigError(
+            f"{option} {path}: cannot make a folder there{where}: {exc.strerror}; "
+            "pass a folder you can write to"
+        ) from None
+    return path
+
+
 def run_log_path(home: Path, run: str) -> Path:
     """Where ``vcdl train``/``resume`` write a run's full log (run names are file-name safe)."""
     return home / "logs" / f"{run}.log"

@@ -104,3 +104,36 @@ def test_an_out_of_range_number_on_the_command_line_is_a_usage_error(
     code, err = vcdl(capsys, *args, "--home", str(tmp_path / "home"))
     assert code == 2 and said in err.strip().splitlines()[-1] and "Traceback" not in err, err
     assert not (tmp_path / "home").exists()
+
+
+@pytest.mark.parametrize(
+    ("home", "said"),
+    [
+        ("file", "is a file, not a folder"),
+        ("file/sub", "which is a file, not a folder"),
+        ("/proc", "--home /proc: cannot make a folder there"),
+        ("/proc/vcdl-home", "--home /proc/vcdl-home: cannot make a folder there (in /proc)"),
+    ],
+)
+@pytest.mark.parametrize(
+    "command", [("train", str(REPO / "examples" / "digits.toml")), ("data", "make", "digits")]
+)
+def test_a_home_that_cannot_be_a_folder_is_refused_naming_the_option(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    home: str,
+    said: str,
+    command: tuple[str, ...],
+) -> None:
+    """Before: exit 1, blaming store.url, once the first write under it failed."""
+    (tmp_path / "file").write_text("not a folder")
+    before = sorted(tmp_path.iterdir())
+    code, err = vcdl(
+        capsys, *command, "--home", str(tmp_path / home) if not home.startswith("/") else home
+    )
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert said in lines[0] and "--home" in lines[0] and "store.url" not in lines[0], err
+    assert "pass a folder" in lines[0], err
+    assert sorted(tmp_path.iterdir()) == before
+    assert (tmp_path / "file").read_text() == "not a folder"

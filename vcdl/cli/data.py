@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from vcdl.cli.json_output import report
 from vcdl.cli.parser import Parser
+from vcdl.config import writable_home
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -56,6 +57,8 @@ def add_parsers(sub: Subparsers, parents: Parents) -> None:
 def data_command(args: argparse.Namespace) -> int:
     from vcdl import api
 
+    if args.store is None and args.data_command != "list":
+        writable_home(args.home)  # a file or /proc as --home: said so, before a write fails
     store = api.data_store(args.store, args.home)
     return _SUBCOMMANDS[args.data_command](args, store)
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from vcdl.chaos import DEFAULT_START
 from vcdl.cli.parser import WORKERS, Parser
 from vcdl.cli.runs import print_summary
-from vcdl.config import resolve_home
+from vcdl.config import writable_home
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -121,7 +121,7 @@ def train_command(args: argparse.Namespace) -> int:
     from vcdl import api
 
     _check_chaos(args)
-    home = resolve_home(args.home)
+    home = writable_home(args.home)
     cfg = api.resolve(
         args.config,
         run_name=args.run,
@@ -136,7 +136,7 @@ def resume_command(args: argparse.Namespace) -> int:
     from vcdl import api
 
     _check_chaos(args)
-    home = resolve_home(args.home)
+    home = writable_home(args.home)
     recorded = api.recorded_config(args.run, home=args.home, ledger_url=args.ledger)
     cfg = api.resolve(recorded, workers=args.workers, overrides=_port(args), home=home)
     return _run(args, cfg, home)
