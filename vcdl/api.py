@@ -134,7 +134,8 @@ def resolve(
         cfg = parse_config(apply_overrides(config.model_dump(), overrides)) if overrides else config
     else:
         cfg = load_config(config, overrides)
-    if run_name:
+    if run_name is not None:
+        # An empty name is refused by the config's check, not taken for "no name".
         cfg = cfg.updated(run={"name": run_name})
     elif cfg.run.name is None:
         # A config made in Python without a name: named as the flow names one.

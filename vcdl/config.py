@@ -101,6 +101,7 @@ class DataSection(_Section):
         description="Data set in the store (see `vcdl data list`). The built-in sets "
         "'digits' and 'mnist1d' are generated on first use.",
         pattern=r"^[A-Za-z0-9_.-]+$",
+        max_length=100,
     )
     shards: int = Field(8, ge=1, le=100_000, description="Shards (subtasks) per epoch.")
     samples: int | None = Field(

@@ -137,3 +137,59 @@ def test_a_home_that_cannot_be_a_folder_is_refused_naming_the_option(
     assert "pass a folder" in lines[0], err
     assert sorted(tmp_path.iterdir()) == before
     assert (tmp_path / "file").read_text() == "not a folder"
+
+
+LONG = "a" * 10_000
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ("train", "CONFIG", "--run", ""),
+            "--run: an empty run name; give one, or leave --run out",
+        ),
+        (("data", "make", "digits", "--name", ""), "--name: an empty data set name; give one,"),
+        (("data", "import", "FILE", "--name", ""), "--name: an empty data set name; give one"),
+        (("train", "CONFIG", "--run", LONG), "is 10000 characters long; give a run name of at"),
+        (("data", "make", "digits", "--name", LONG), "give a data set name of at most 100"),
+        (("data", "import", "FILE", "--name", LONG), "give a data set name of at most 100"),
+        (("data", "make", "digits", "--name", "a/b"), "'a/b' cannot name a data set; use"),
+        (("train", "CONFIG", "--set", f'data.name="{LONG}"'), "data.name: String should have at"),
+        (("train", "CONFIG", "--set", f'run.name="{LONG}"'), "run.name: String should have at"),
+    ],
+    ids=[
+        "empty-run",
+        "empty-made-set",
+        "empty-imported-set",
+        "long-run",
+        "long-made-set",
+        "long-imported-set",
+        "slash",
+        "long-data-name-in-config",
+        "long-run-name-in-config",
+    ],
+)
+def test_an_empty_or_huge_name_is_refused_in_one_short_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: tuple[str, ...], said: str
+) -> None:
+    """Before: --name '' became the kind's name, --run '' the config's; a 10,000-character
+    data-set name ended in exit 1 and a 20-KB line."""
+    source = tmp_path / "input.npz"
+    source.write_bytes(b"not read")
+    where = {"CONFIG": str(REPO / "examples" / "digits.toml"), "FILE": str(source)}
+    home = tmp_path / "home"
+    code, err = vcdl(capsys, *(where.get(a, a) for a in args), "--home", str(home))
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert said in lines[0] and len(lines[0]) < 300, err
+    assert not home.exists()
+
+
+def test_the_api_refuses_an_empty_run_name_too(tmp_path: Path) -> None:
+    from vcdl import api
+    from vcdl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"run\.name"):
+        api.resolve(REPO / "examples" / "digits.toml", run_name="", home=tmp_path / "home")
+    assert not (tmp_path / "home").exists()

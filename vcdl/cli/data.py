@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from vcdl.cli.json_output import report
-from vcdl.cli.parser import Parser
+from vcdl.cli.parser import Parser, checked_name
 from vcdl.config import writable_home
 
 if TYPE_CHECKING:
@@ -57,8 +57,11 @@ def add_parsers(sub: Subparsers, parents: Parents) -> None:
 def data_command(args: argparse.Namespace) -> int:
     from vcdl import api
 
-    if args.store is None and args.data_command != "list":
-        writable_home(args.home)  # a file or /proc as --home: said so, before a write fails
+    if args.data_command != "list":
+        # Not '' (it became the kind's name), nor 10 KB echoed back.
+        checked_name("--name", args.name, "data set", required=args.data_command == "import")
+        if args.store is None:
+            writable_home(args.home)  # a file or /proc as --home: said so, before a write fails
     store = api.data_store(args.store, args.home)
     return _SUBCOMMANDS[args.data_command](args, store)
 

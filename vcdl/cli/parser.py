@@ -10,11 +10,13 @@ text or as JSON.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
 from vcdl.cli.json_output import JSON_OPTION
+from vcdl.errors import ConfigError
 
 
 class UsageError(Exception):
@@ -49,6 +51,34 @@ def bounded(low: int, high: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+#: The longest run or data-set name (``run.name``, ``data.name``).
+NAME_MAX = 100
+
+
+def checked_name(option: str, text: str | None, what: str, *, required: bool = False) -> str | None:
+    """A run or data-set name given as ``option`` (a path component), else a one-line ConfigError.
+
+    An empty name is refused (it silently became the config's or the kind's own
+    name), and a long or bad one is echoed cut short. Not an argparse ``type``:
+    a usage error prints the command's whole usage, several lines.
+    """
+    if text is None:
+        return None
+    shown = repr(text if len(text) <= 40 else text[:37] + "...")
+    if not text:
+        problem = f"an empty {what} name"
+        todo = "give one" if required else f"give one, or leave {option} out"
+    elif len(text) > NAME_MAX:
+        problem = f"{shown} is {len(text)} characters long"
+        todo = f"give a {what} name of at most {NAME_MAX}"
+    elif not re.fullmatch(r"[A-Za-z0-9_.-]+", text) or set(text) == {"."} or text.startswith("__"):
+        problem = f"{shown} cannot name a {what}"
+        todo = "use letters, digits, '_', '.' and '-' (not only dots, not starting with '__')"
+    else:
+        return text
+    raise ConfigError(f"{option}: {problem}; {todo}")
 
 
 #: A version number: the ledger's integers.

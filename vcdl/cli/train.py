@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from vcdl.chaos import DEFAULT_START
-from vcdl.cli.parser import WORKERS, Parser
+from vcdl.cli.parser import WORKERS, Parser, checked_name
 from vcdl.cli.runs import print_summary
 from vcdl.config import writable_home
 
@@ -124,7 +124,7 @@ def train_command(args: argparse.Namespace) -> int:
     home = writable_home(args.home)
     cfg = api.resolve(
         args.config,
-        run_name=args.run,
+        run_name=checked_name("--run", args.run, "run"),
         workers=args.workers,
         overrides=[*args.overrides, *_port(args)],
         home=home,
