@@ -60,6 +60,42 @@ def plain(text: str) -> str:
     return _CONTROLS.sub(" ", _ESCAPES.sub("", text))
 
 
+def check_run_log(path: Path) -> None:
+    """Refuse a run log vcdl cannot append to, in one line (:class:`ConfigError`, exit 2).
+
+    A folder where the log would be, a file where its folder would be, a FIFO
+    or a file or folder without write permission: said before anything of
+    the run is written (it was a traceback once the run had started). Writes nothing.
+    """
+    import stat
+
+    from vcdl.errors import ConfigError
+
+    there = path.parent
+    while not os.path.lexists(there) and there != there.parent:
+        there = there.parent
+    problem, culprit = None, path
+    if not there.is_dir():
+        culprit = there
+        problem = f"{there} is a file, not a folder"
+    elif os.path.lexists(path):
+        try:
+            mode = path.stat().st_mode
+            if stat.S_ISDIR(mode):
+                problem = "it is a folder"
+            elif not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
+                problem = "it is not a regular file"
+            else:
+                os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK))
+        except OSError as exc:
+            problem = f"it cannot be written ({exc.strerror})"
+    elif not os.access(there, os.W_OK | os.X_OK):
+        problem, culprit = f"{there} cannot be written", there
+    if problem is not None:
+        todo = "move it out of the way" if culprit == path else f"move {culprit} out of the way"
+        raise ConfigError(f"the run's log {path}: {problem}; {todo}, or pass another --home")
+
+
 class RunLog:
     """File descriptor 2 goes to ``path`` (appended) for the block; the terminal is kept."""
 

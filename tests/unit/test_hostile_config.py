@@ -193,3 +193,51 @@ def test_the_api_refuses_an_empty_run_name_too(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"run\.name"):
         api.resolve(REPO / "examples" / "digits.toml", run_name="", home=tmp_path / "home")
     assert not (tmp_path / "home").exists()
+
+
+def _log_folder(logs: Path) -> None:
+    (logs / "digits.log").mkdir(parents=True)
+
+
+def _logs_file(logs: Path) -> None:
+    logs.write_text("a file where the logs folder goes")
+
+
+def _log_fifo(logs: Path) -> None:
+    logs.mkdir()
+    os.mkfifo(logs / "digits.log")
+
+
+def _log_read_only(logs: Path) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root writes a read-only file")
+    logs.mkdir()
+    (logs / "digits.log").write_text("")
+    (logs / "digits.log").chmod(0o444)
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (_log_folder, "digits.log: it is a folder; move it out of the way, or pass another --home"),
+        (_logs_file, "logs is a file, not a folder; move "),
+        (_log_fifo, "digits.log: it is not a regular file; move it out of the way"),
+        (_log_read_only, "digits.log: it cannot be written (Permission denied)"),
+    ],
+    ids=["log-is-a-folder", "logs-is-a-file", "log-is-a-fifo", "log-read-only"],
+)
+def test_a_run_log_that_cannot_be_written_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make: object, said: str
+) -> None:
+    """Before: an IsADirectoryError (FileExistsError for a logs file) traceback, with
+    Prefect's home already made."""
+    home = tmp_path / "home"
+    home.mkdir()
+    make(home / "logs")  # type: ignore[operator]
+    code, err = vcdl(capsys, "train", str(REPO / "examples" / "digits.toml"), "--home", str(home))
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert said in lines[0], err
+    # The built-in data set may be generated into the store by the preflight; nothing of the run.
+    assert not (home / "ledger.db").exists() and not (home / "prefect").exists()
+    assert sorted(p.name for p in home.iterdir()) in (["logs"], ["logs", "store"])

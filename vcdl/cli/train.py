@@ -144,11 +144,16 @@ def resume_command(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, cfg: RunConfig, home: Path) -> int:
     from vcdl import api
+    from vcdl.config import run_log_path
+    from vcdl.display import check_run_log
     from vcdl.views.datasets import baseline_line
     from vcdl.worker.speed import speeds_label
 
     # What an interrupt's message names: `vcdl resume NAME` (see main).
     args.resumable = cfg.run.name
+    assert cfg.run.name is not None
+    # A folder, or a file vcdl cannot write, where the run's log goes: one line, now.
+    check_run_log(run_log_path(home, cfg.run.name))
     if cfg.cluster.address:
         # Before the run is recorded: a mistyped address or a scheduler not yet
         # up is one line now, not a traceback after the connect timeout.
