@@ -31,8 +31,8 @@ from flows.workarounds.forkserver import forked_workers
 from flows.workarounds.warmup import WarmupPlugin
 from flows.workarounds.watchdog import ClusterWatchdog
 from vcdl.config import RunConfig
-from vcdl.errors import ClusterUnreachable, ModelError
-from vcdl.reach import no_scheduler, scheduler_unreachable
+from vcdl.errors import ClusterUnreachable, ConfigError, ModelError
+from vcdl.reach import local_resources_problem, no_scheduler, scheduler_unreachable
 from vcdl.runcode import run_specs
 from vcdl.usercode import (
     bundle,
@@ -171,6 +171,11 @@ def dask_cluster(cfg: RunConfig) -> Iterator[str]:
         return
     from distributed import LocalCluster
 
+    # A run started without the CLI's preflight (a deployment): refused before
+    # the cluster starts, not a wait without end for a worker offering a GPU.
+    problem = local_resources_problem(cfg.cluster)
+    if problem is not None:
+        raise ConfigError(problem)
     env = worker_env(cfg)
     with (
         forked_workers(env) if cfg.cluster.start_method == "forkserver" else nullcontext(),

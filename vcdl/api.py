@@ -173,6 +173,7 @@ def preflight(cfg: RunConfig) -> None:
     from vcdl.driver.runs import check_sizes, ensure_dataset, new_model
     from vcdl.metrics.exporter import check_endpoint
     from vcdl.objectives import objective_for
+    from vcdl.reach import local_resources_problem
     from vcdl.runcode import run_check, run_specs
     from vcdl.usercode import code_dirs, importable_here
     from vcdl.views.prices import run_prices
@@ -180,6 +181,10 @@ def preflight(cfg: RunConfig) -> None:
     # Before anything is imported: only what the operator (or the config's
     # author, through the CLI or this API) allows.
     check_endpoint(cfg.metrics)  # a metrics port in use
+    # Resources no local worker offers: every shard task would wait forever.
+    problem = local_resources_problem(cfg.cluster)
+    if problem is not None:
+        raise ConfigError(problem)
     run_check(cfg.model.factory, cfg.train.objective, cfg.train.metrics, grants=True)
     run_prices(cfg.cost)
     # The run's own modules (beside its config, or here) import in this process too.

@@ -10,8 +10,12 @@ started without the CLI (a deployment, the API).
 from __future__ import annotations
 
 import socket
+from typing import TYPE_CHECKING
 
 from distributed.comm.addressing import parse_address, parse_host_port
+
+if TYPE_CHECKING:
+    from vcdl.config import ClusterSection
 
 
 def no_scheduler(address: str, detail: str) -> str:
@@ -44,3 +48,38 @@ def scheduler_unreachable(address: str, timeout: float = 20.0) -> str | None:
     except (OSError, ValueError):
         return None
     return None
+
+
+def local_resources_problem(cluster: ClusterSection) -> str | None:
+    """Why no worker of the run's LocalCluster can ever run a shard task, or None.
+
+    ``cluster.task_resources`` (e.g. ``{GPU = 1}``) make Dask hold each task
+    for a worker offering them; vcdl starts local workers with none but what
+    Dask's own config gives (``distributed.worker.resources``, e.g.
+    ``DASK_DISTRIBUTED__WORKER__RESOURCES__GPU=1``), so the run waited forever,
+    saying nothing. A scheduler at ``cluster.address`` is not asked: its
+    workers may join later.
+    """
+    if cluster.address or not cluster.task_resources:
+        return None
+    import dask
+
+    offered = dict(dask.config.get("distributed.worker.resources", None) or {})
+
+    def amount(value: object) -> float:
+        try:
+            return float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return 0.0
+
+    wanted = cluster.task_resources
+    if all(amount(offered.get(name)) >= need for name, need in wanted.items()):
+        return None
+    want = ",".join(f"{name}={need:g}" for name, need in wanted.items())
+    has = ", ".join(f"{name}={amount(v):g}" for name, v in offered.items()) or "none"
+    return (
+        f"cluster.task_resources asks each shard task for {want[:100]}, but the "
+        f"{cluster.workers} local worker(s) offer {has[:100]}: no task could ever start; "
+        "remove cluster.task_resources, or set cluster.address to a scheduler whose workers "
+        f"offer them (`dask worker --resources {want[:100]}`)"
+    )

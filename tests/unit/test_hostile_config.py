@@ -29,6 +29,8 @@ def vcdl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int | str | No
         ('run.name="."', "cannot name a run"),
         ('run.name=".."', "cannot name a run"),
         ('run.name="__x"', "cannot name a run"),
+        # No cluster.address: vcdl's LocalCluster workers offer no GPU (it waited forever).
+        ("cluster.task_resources={GPU=1}", "asks each shard task for GPU=1, but the 2 local"),
     ],
 )
 def test_a_bad_value_is_refused_in_one_line_and_nothing_is_written(
@@ -241,3 +243,21 @@ def test_a_run_log_that_cannot_be_written_is_refused_before_the_run(
     # The built-in data set may be generated into the store by the preflight; nothing of the run.
     assert not (home / "ledger.db").exists() and not (home / "prefect").exists()
     assert sorted(p.name for p in home.iterdir()) in (["logs"], ["logs", "store"])
+
+
+def test_resources_local_workers_offer_are_not_refused() -> None:
+    import dask
+
+    from vcdl.config import parse_config
+    from vcdl.reach import local_resources_problem
+
+    gpu = parse_config({"cluster": {"task_resources": {"GPU": 1}}}).cluster
+    assert "offer none: no task could ever start" in str(local_resources_problem(gpu))
+    # Dask's own config (DASK_DISTRIBUTED__WORKER__RESOURCES__GPU=1) gives local workers some.
+    with dask.config.set({"distributed.worker.resources": {"GPU": 1}}):
+        assert local_resources_problem(gpu) is None
+    with dask.config.set({"distributed.worker.resources": {"GPU": 0.5}}):
+        assert "offer GPU=0.5" in str(local_resources_problem(gpu))
+    # A scheduler's workers may join later: not asked.
+    remote = gpu.model_copy(update={"address": "tcp://10.0.0.1:8786"})
+    assert local_resources_problem(remote) is None
