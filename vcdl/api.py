@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = [
     "allow_own_code",
     "check_chaos",
+    "check_not_driven",
     "check_scheduler",
     "collect_garbage",
     "data_store",
@@ -234,6 +235,7 @@ def run(
     cfg: RunConfig, *, home: str | Path | None = None, chaos: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """Run the ``vcdl-train`` flow for a config :func:`resolve` returned; its summary."""
+    check_not_driven(cfg)
     home_path = resolve_home(home)
     prepare_prefect(home_path)
     from flows.train import ChaosSpec
@@ -245,6 +247,15 @@ def run(
         # The API's own one-line error, as for the config: not a pydantic traceback.
         raise ConfigError(f"invalid chaos: {format_error(exc)}") from None
     return train_flow(config=cfg, home=str(home_path), chaos=spec)
+
+
+def check_not_driven(cfg: RunConfig) -> None:
+    """:class:`~vcdl.errors.RunBeingDriven` (exit 2) when a live driver runs ``cfg``'s run
+    already: before Prefect or a cluster starts for a second one."""
+    from vcdl.driver.lease import refuse_live_driver
+
+    if cfg.run.name is not None and cfg.ledger.url is not None:  # resolve() sets both
+        refuse_live_driver(cfg.ledger.url, cfg.run.name)
 
 
 def resume(

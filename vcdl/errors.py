@@ -117,6 +117,13 @@ class LeaseHeld(LedgerError):
     """Another driver process holds the run's lease."""
 
 
+class RunBeingDriven(LeaseHeld):
+    """A live driver holds the run's lease: a second ``vcdl train``/``resume`` of it is
+    refused before it starts anything (exit 2: wait, or stop the other driver)."""
+
+    exit_code = 2
+
+
 class LeaseLost(LedgerError):
     """This driver's lease generation is no longer the run's: another driver took over.
 

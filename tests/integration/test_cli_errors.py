@@ -394,3 +394,51 @@ def test_a_run_started_without_the_cli_says_the_same_at_once(
     with pytest.raises(ClusterUnreachable, match=r"\(connection refused\); is `dask scheduler`"):
         api.train(load_config(cfg, ["run.name=api", f"cluster.address={address}"]), home=tmp_path)
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.slow
+def test_a_second_driver_of_a_running_run_is_refused_before_it_starts_anything(
+    prefect_api_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: the second `vcdl train` started Prefect and a cluster, printed progress for
+    16 s, then failed with exit 1 (LeaseHeld); it appended to the run's log too."""
+    import time
+
+    from benchmarks.cli_proc import log_tail, reap, start_vcdl
+    from tests.driverwait import wait_for_run
+
+    cfg = tmp_path / "busy.toml"
+    cfg.write_text(
+        GOOD.replace("epochs = 1", "epochs = 200").replace("[run]", "[run]\nname = 'busy'")
+    )
+    home = tmp_path / "home"
+    first = start_vcdl(home, "train", str(cfg), env={"PREFECT_API_URL": prefect_api_url})
+    try:
+        held = wait_for_run(
+            first,
+            home / "ledger.db",
+            "busy",
+            lambda run: run.state == "running" and run.lease_owner is not None,
+            timeout=300,
+            tail=lambda: log_tail(home, "train"),
+        )
+        log = home / "logs" / "busy.log"
+        before = log.read_bytes()
+        for argv in (["train", str(cfg)], ["resume", "busy"]):
+            started = time.monotonic()
+            code, err = _run([*argv, "--home", str(home)], capsys)
+            took = time.monotonic() - started
+            lines = [line for line in err.splitlines() if line.strip()]
+            assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+            assert f"run 'busy' is being driven by process {first.pid} on " in lines[0], err
+            assert "`vcdl resume busy`" in lines[0], err
+            assert took < 15, took
+            # Nothing started: no Prefect, no cluster, not a line in the run's log.
+            assert "log in" not in err and log.read_bytes()[: len(before)] == before
+            assert b"vcdl train busy" not in log.read_bytes()[len(before) :]
+            assert b"vcdl resume busy" not in log.read_bytes()
+        run = Ledger(f"sqlite:///{home / 'ledger.db'}").get_run("busy")
+        assert run.lease_owner == held.lease_owner and run.state == "running"
+        assert first.poll() is None, log_tail(home, "train")
+    finally:
+        reap(first)

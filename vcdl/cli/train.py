@@ -152,6 +152,8 @@ def _run(args: argparse.Namespace, cfg: RunConfig, home: Path) -> int:
     # What an interrupt's message names: `vcdl resume NAME` (see main).
     args.resumable = cfg.run.name
     assert cfg.run.name is not None
+    # A run another driver is running: refused before Prefect or a cluster starts.
+    api.check_not_driven(cfg)
     # A folder, or a file vcdl cannot write, where the run's log goes: one line, now.
     check_run_log(run_log_path(home, cfg.run.name))
     if cfg.cluster.address:

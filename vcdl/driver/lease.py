@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from vcdl.errors import ConfigError, LeaseHeld, LeaseLost
+from vcdl.errors import ConfigError, LeaseHeld, LeaseLost, LedgerNotFound, RunBeingDriven
 from vcdl.runtime import RunRef
 
 LEASE_TTL = 30.0
@@ -71,6 +71,35 @@ def _dead_local_owner(owner: str | None) -> bool:
     except PermissionError:
         return False
     return False
+
+
+def refuse_live_driver(ledger_url: str, run: str) -> None:
+    """Raise :class:`RunBeingDriven` if a live driver holds ``run``'s lease; else nothing.
+
+    For a second ``vcdl train`` or ``resume`` of a running run, before it
+    starts Prefect or a cluster (it printed progress for seconds, then failed
+    with exit 1). Reads only: a missing ledger or run is a new run; a lease
+    that expired, or whose holder is a dead process on this host, is left to
+    :func:`run_lease` to take.
+    """
+    from vcdl.ledger.models import utcnow
+    from vcdl.runtime import open_ledger
+
+    try:
+        found = open_ledger(ledger_url, create=False).find_run(run)
+    except LedgerNotFound:
+        return
+    if found is None or not found.lease_owner or found.lease_expires is None:
+        return
+    if found.lease_expires <= utcnow() or _dead_local_owner(found.lease_owner):
+        return
+    host, _, rest = found.lease_owner.partition(":")
+    pid = rest.partition(":")[0]
+    who = f"process {pid} on {host}" if pid.isdigit() else found.lease_owner
+    raise RunBeingDriven(
+        f"run {run!r} is being driven by {who} (lease {found.lease_owner}); wait for it "
+        f"to finish (`vcdl status {run}`), or stop it and then `vcdl resume {run}`"
+    )
 
 
 @dataclass(frozen=True)
