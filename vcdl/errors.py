@@ -105,6 +105,13 @@ class LedgerNotFound(LedgerError, LookupError):
     exit_code = 2
 
 
+class NotALedger(LedgerError, ValueError):
+    """The database is not a vcdl ledger vcdl can use: not a database at all, someone
+    else's tables, or vcdl's tables at a schema revision it cannot tell or does not know."""
+
+    exit_code = 2
+
+
 class HeadConflict(LedgerError):
     """The head moved between reading it and the compare-and-swap; retry."""
 

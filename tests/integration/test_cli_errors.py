@@ -442,3 +442,68 @@ def test_a_second_driver_of_a_running_run_is_refused_before_it_starts_anything(
         assert first.poll() is None, log_tail(home, "train")
     finally:
         reap(first)
+
+
+def _random_bytes(db: Path) -> None:
+    db.write_bytes(bytes(range(256)) * 16)
+
+
+def _other_tables(db: Path) -> None:
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        conn.execute("create table invoices (id integer primary key, total real)")
+
+
+def _lost_version_table(db: Path) -> None:
+    import sqlite3
+
+    Ledger(f"sqlite:///{db}").close()
+    with sqlite3.connect(db) as conn:
+        conn.execute("drop table alembic_version")
+
+
+def _tables(db: Path) -> list[str]:
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        return sorted(
+            r[0] for r in conn.execute("select name from sqlite_master where type='table'")
+        )
+
+
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (_random_bytes, "the file is not an SQLite database (not a vcdl ledger); move it away"),
+        (_other_tables, "is an SQLite database of other tables (invoices) without vcdl's"),
+        (_lost_version_table, "no alembic_version table, and columns newer than the first"),
+    ],
+    ids=["not-a-database", "someone-elses-tables", "alembic-version-lost"],
+)
+@pytest.mark.parametrize("command", ["train", "status", "runs"])
+def test_a_file_that_is_no_vcdl_ledger_is_refused_in_one_line(
+    make: object, needle: str, command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: "duplicate column name: timings" (exit 1) for a ledger that lost its
+    alembic_version table; another SQLite file had vcdl's tables added to it; a file that
+    is no database said so without what to do."""
+    home = tmp_path / "home"
+    home.mkdir()
+    db = home / "ledger.db"
+    make(db)  # type: ignore[operator]
+    tables = _tables(db) if make is not _random_bytes else None
+    before = db.read_bytes() if make is _random_bytes else None
+    cfg = tmp_path / "good.toml"
+    cfg.write_text(GOOD)
+    argv = {"train": ["train", str(cfg)], "status": ["status", "x"], "runs": ["runs"]}[command]
+    code, err = _run([*argv, "--home", str(home)], capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert needle in lines[0] and ("--home" in lines[0] or "backup" in lines[0]), err
+    assert "duplicate column" not in err
+    if before is not None:
+        assert db.read_bytes() == before
+    else:
+        assert _tables(db) == tables
+    assert not (home / "logs").exists() and not (home / "prefect").exists()

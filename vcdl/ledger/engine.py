@@ -78,11 +78,12 @@ from sqlalchemy import (
     Engine,
     create_engine,
     event,
+    inspect,
 )
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
 
-from vcdl.errors import LedgerError, LedgerNotFound, UnsupportedLedger
+from vcdl.errors import LedgerError, LedgerNotFound, NotALedger, UnsupportedLedger
 from vcdl.ledger import migrations
 from vcdl.ledger.retry import TRANSIENT_RETRIES, TRANSIENT_SQLSTATES, jitter, transient_pause
 from vcdl.redact import redact_url as redact_any_url
@@ -294,6 +295,11 @@ class LedgerEngine:
         detail = str(exc.orig if isinstance(exc, DBAPIError) else exc)
         if self._secret:
             detail = detail.replace(self._secret, "***")
+        if "file is not a database" in detail or "file is encrypted" in detail:
+            return NotALedger(
+                f"ledger {self.display}: the file is not an SQLite database (not a vcdl "
+                "ledger); move it away, or pass the --home (or --ledger) of your runs"
+            )
         if "database is locked" in detail:
             return LedgerError(
                 f"ledger {self.display} stayed locked for 30 s; another process "
@@ -327,8 +333,18 @@ class LedgerEngine:
                 current = migrations.current_revision(conn)
                 # A ledger from before migrations has its tables but no revision.
                 empty = current is None and not migrations.has_ledger_tables(conn)
+                # An SQLite file is the ledger's alone: one with other tables is
+                # someone else's database, not to be written into.
+                others = sorted(inspect(conn).get_table_names()) if empty else []
         except DBAPIError as exc:
             raise self.error(exc, "cannot open ledger") from exc
+        if others and self.backend == "sqlite":
+            shown = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
+            raise NotALedger(
+                f"ledger {self.display} is an SQLite database of other tables ({shown[:200]}) "
+                "without vcdl's: not a vcdl ledger; pass the --home (or --ledger) of your "
+                "runs, or a new file"
+            )
         if current == head:
             return
         if empty and not create:

@@ -29,7 +29,7 @@ from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 from sqlalchemy import Connection, inspect
 
-from vcdl.errors import LedgerError
+from vcdl.errors import NotALedger
 
 __all__ = [
     "INITIAL_REVISION",
@@ -88,6 +88,31 @@ def has_ledger_tables(connection: Connection) -> bool:
     return bool(LEDGER_TABLES & set(inspect(connection).get_table_names()))
 
 
+@lru_cache(maxsize=1)
+def _initial_columns() -> dict[str, frozenset[str]]:
+    """Each ledger table's columns at :data:`INITIAL_REVISION` (made in memory once)."""
+    from sqlalchemy import create_engine
+
+    engine = create_engine("sqlite://")
+    try:
+        with engine.begin() as conn:
+            command.upgrade(alembic_config(conn), INITIAL_REVISION)
+            found = inspect(conn)
+            return {t: frozenset(c["name"] for c in found.get_columns(t)) for t in LEDGER_TABLES}
+    finally:
+        engine.dispose()
+
+
+def _past_initial(connection: Connection) -> str:
+    """The columns a migration-less ledger has beyond the first schema's ("" if none)."""
+    found = inspect(connection)
+    extra = []
+    for table, initial in sorted(_initial_columns().items()):
+        more = sorted({c["name"] for c in found.get_columns(table)} - initial)
+        extra += [f"{table}.{name}" for name in more]
+    return ", ".join(extra[:4]) + (", ..." if len(extra) > 4 else "")
+
+
 def upgrade(connection: Connection, display: str = "the ledger") -> str | None:
     """Bring the schema at ``connection`` to the head revision; return the revision it was at.
 
@@ -102,10 +127,20 @@ def upgrade(connection: Connection, display: str = "the ledger") -> str | None:
     if before is None:
         present = LEDGER_TABLES & tables
         if present == LEDGER_TABLES:
+            newer = _past_initial(connection)
+            if newer:
+                # Its alembic_version table was lost: stamping it 0001 would replay
+                # migrations it already has ("duplicate column name: timings").
+                raise NotALedger(
+                    f"{display} has the ledger's tables but no alembic_version table, and "
+                    f"columns newer than the first schema ({newer}): its schema revision "
+                    "is unknown; restore the file (or its alembic_version table) from a "
+                    "backup, or use a new ledger (another --home or --ledger)"
+                )
             log.info("%s predates schema migrations: stamping it %s", display, INITIAL_REVISION)
             command.stamp(cfg, INITIAL_REVISION)
         elif present:
-            raise LedgerError(
+            raise NotALedger(
                 f"{display} has only some of the ledger's tables ({', '.join(sorted(present))}) "
                 "and no alembic_version table: not a ledger vcdl can upgrade; "
                 "use an empty database or restore the missing tables"
@@ -114,7 +149,7 @@ def upgrade(connection: Connection, display: str = "the ledger") -> str | None:
         try:
             _scripts().get_revision(before)
         except CommandError as exc:
-            raise LedgerError(
+            raise NotALedger(
                 f"{display} has schema revision {before!r}, which this vcdl does not know "
                 f"(its newest is {head_revision()!r}): it was written by a newer vcdl; "
                 "upgrade vcdl on this machine"
