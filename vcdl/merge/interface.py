@@ -44,6 +44,22 @@ STEP_KEY = "__step__"
 """In a rule state: how many merges have updated it (an int64 scalar)."""
 
 
+def rule_buffers(head: StateDict, state: StateDict | None) -> tuple[StateDict | None, int]:
+    """A rule state's per-tensor buffers and its step count (:data:`STEP_KEY`).
+
+    The buffers are None when there is no state, or when they are not exactly
+    the head's floating tensors (another model's state: a changed run), so that
+    the rule starts them afresh; the step count is the state's either way.
+    """
+    if state is None:
+        return None, 0
+    step = int(state[STEP_KEY]) if STEP_KEY in state else 0
+    buffers = {k: v for k, v in state.items() if k != STEP_KEY}
+    if set(buffers) != {k for k, t in head.items() if t.is_floating_point()}:
+        return None, step
+    return buffers, step
+
+
 class RuleSettings(NumbersAreNumbers):
     """Keys of the ``merge`` section that one rule owns: their defaults, bounds and docs.
 

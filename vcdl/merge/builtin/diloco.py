@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from vcdl.merge.interface import STEP_KEY, Applied, MergeRule, RuleSettings
+from vcdl.merge.interface import STEP_KEY, Applied, MergeRule, RuleSettings, rule_buffers
 
 if TYPE_CHECKING:
     from vcdl.types import StateDict
@@ -67,12 +67,7 @@ class Diloco(MergeRule):
         reason = validate_result(base, result, self.settings.max_update_norm)
         if reason is not None:
             return reason
-        buffers = None if state is None else {k: v for k, v in state.items() if k != STEP_KEY}
-        step = 0 if state is None or STEP_KEY not in state else int(state[STEP_KEY])
-        if buffers is not None and set(buffers) != {
-            k for k, t in head.items() if t.is_floating_point()
-        }:
-            buffers = None  # another model's state (a changed run): start the momentum afresh
+        buffers, step = rule_buffers(head, state)  # None: start the momentum afresh
         merged, momentum = diloco(
             head,
             result,

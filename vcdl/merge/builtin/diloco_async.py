@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from vcdl.merge.interface import STEP_KEY, Applied, MergeRule, RuleSettings
+from vcdl.merge.interface import STEP_KEY, Applied, MergeRule, RuleSettings, rule_buffers
 
 if TYPE_CHECKING:
     from vcdl.types import StateDict
@@ -78,14 +78,11 @@ class DilocoAsync(MergeRule):
         reason = validate_result(base, result, self.settings.max_update_norm)
         if reason is not None:
             return reason
-        pending = None if state is None else {k: v for k, v in state.items() if k != STEP_KEY}
-        step = 0 if state is None or STEP_KEY not in state else int(state[STEP_KEY])
-        if pending is not None and set(pending) != {
-            k for k, t in head.items() if t.is_floating_point()
-        }:
+        pending, step = rule_buffers(head, state)
+        if state is not None and pending is None:
             # Another model's state (a changed run): the momentum starts afresh, and
             # its round with it.
-            pending, step = None, 0
+            step = 0
         mu = self.settings.outer_momentum
         n = self.delay
         merged, new_pending = delayed_nesterov(
