@@ -66,7 +66,8 @@ from typing import Any
 from benchmarks.harness import add_common_options, emit_summary, human_output
 from benchmarks.overhead import dispatch_times
 from benchmarks.sleeper import sleeper_config, write_sleeper_data
-from vcdl.config import RunConfig, apply_overrides, load_config, parse_config
+from vcdl.config import RunConfig, parse_config
+from vcdl.config_files import apply_overrides, load_config
 from vcdl.ledger.models import FOLDED_CHECKSUM
 
 TARGET = 0.90

@@ -68,7 +68,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.harness import add_common_options, emit_summary, human_output, median
-from vcdl.config import RunConfig, load_config
+from vcdl.config import RunConfig
+from vcdl.config_files import load_config
 from vcdl.data import open_dataset, read_rows, shard_plan
 from vcdl.driver.runs import ensure_dataset, new_model
 from vcdl.runtime import open_store

@@ -31,7 +31,8 @@ from typing import Any
 import torch
 
 from benchmarks.harness import add_common_options, emit_summary, human_output, median
-from vcdl.config import RunConfig, load_config
+from vcdl.config import RunConfig
+from vcdl.config_files import load_config
 from vcdl.data import open_dataset, read_arrays
 from vcdl.driver.runs import ensure_dataset, new_model
 from vcdl.objectives import objective_for

@@ -182,7 +182,7 @@ def main() -> int:
         p.error(f"--runs must be at least 1, got {runs}")
     if not args.config.is_file():
         p.error(f"no config file at {args.config}")
-    from vcdl.config import load_config
+    from vcdl.config_files import load_config
 
     epochs = load_config(args.config, sets).run.epochs  # a bad override fails here, clearly
     results = []

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from vcdl.chaos import ChaosEvent, chaos_schedule
-from vcdl.config import RunConfig, load_config
+from vcdl.config import RunConfig
+from vcdl.config_files import load_config
 from vcdl.models import build_model
 from vcdl.objectives import Classification
 from vcdl.worker.loop import evaluate

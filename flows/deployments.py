@@ -65,7 +65,7 @@ def serve(home: str | None = None, parent: str = DEFAULT_PARENT, limit: int | No
 
     from prefect import serve as prefect_serve
 
-    from vcdl.config import HOME_ENV
+    from vcdl.config_files import HOME_ENV
 
     if home:
         os.environ[HOME_ENV] = home

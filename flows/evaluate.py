@@ -14,7 +14,7 @@ from pydantic import Field
 from flows.guard import form_home, form_ledger_url
 from flows.params import guarded_flow
 from flows.reporting import publish_table
-from vcdl.config import resolve_home
+from vcdl.config_files import resolve_home
 from vcdl.driver.runs import evaluate_version
 from vcdl.ledger import evaluation_metrics
 from vcdl.objectives import objective_for

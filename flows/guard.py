@@ -29,7 +29,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from vcdl.config import MetricsSection, RunConfig, resolve_home
+from vcdl.config import MetricsSection, RunConfig
+from vcdl.config_files import resolve_home
 from vcdl.errors import ConfigError
 from vcdl.redact import url_secrets
 from vcdl.runcode import run_check

@@ -31,7 +31,7 @@ from flows.guard import form_home, form_ledger_url
 from flows.params import guarded_flow
 from flows.reporting import data_fingerprint, emit
 from flows.train import train
-from vcdl.config import resolve_home
+from vcdl.config_files import resolve_home
 from vcdl.driver.retrain import latest_descendant, pick_version, retrain_decision
 from vcdl.driver.runs import ensure_dataset, load_version, prepare_run
 from vcdl.errors import LedgerNotFound, RunNotFound

@@ -39,7 +39,8 @@ from vcdl.chaos import (
     Preemptor,
     chaos_schedule,
 )
-from vcdl.config import RunConfig, resolve_home, run_log_path
+from vcdl.config import RunConfig
+from vcdl.config_files import resolve_home, run_log_path
 from vcdl.console import console_off_thread
 from vcdl.driver.epoch_loop import run_epochs
 from vcdl.driver.head_cache import forget_run_cache

@@ -24,14 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from vcdl.config import (
-    RunConfig,
-    apply_overrides,
-    format_error,
-    load_config,
-    parse_config,
-    resolve_home,
-)
+from vcdl.config import RunConfig, format_error, parse_config
+from vcdl.config_files import apply_overrides, load_config, resolve_home
 from vcdl.errors import ConfigError
 from vcdl.runtime import (
     RunRef,
@@ -346,7 +340,7 @@ def run_on_terminal(
     import sys
     import time
 
-    from vcdl.config import run_log_path
+    from vcdl.config_files import run_log_path
     from vcdl.display import Display, RunLog, out_is_terminal
     from vcdl.views import observe
 

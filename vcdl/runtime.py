@@ -21,7 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vcdl.config import RunConfig, resolve_home
+from vcdl.config import RunConfig
+from vcdl.config_files import resolve_home
 from vcdl.ledger import Ledger
 from vcdl.store import WeightStore
 

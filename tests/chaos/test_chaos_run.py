@@ -20,7 +20,7 @@ from benchmarks.cli_proc import log_tail, reap, start_vcdl
 from tests.driverwait import wait_for_run
 from vcdl import api
 from vcdl.chaos import sent_counts
-from vcdl.config import load_config
+from vcdl.config_files import load_config
 from vcdl.driver.retrain import pick_version
 from vcdl.driver.runs import clean_orphans
 from vcdl.ledger import Ledger

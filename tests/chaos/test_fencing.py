@@ -126,9 +126,13 @@ def trial(tmp_path: Path, prefect_api_url: str, rng: random.Random) -> None:
     assert b.returncode == 0, b_log
     assert a.returncode != 0, a_log
     b_owner = ledger.get_run("fence").lease_owner  # None: B let it go at its end
-    assert "was taken over by driver" in a_log, a_log
     assert b_owner is None and taken.lease_owner is not None
-    assert taken.lease_owner in a_log, a_log  # it names the driver that took over
+    if "was taken over by driver" in a_log:
+        assert taken.lease_owner in a_log, a_log  # it names the driver that took over
+    else:
+        # B finished and let the lease go before A looked (a slow machine, a
+        # late pause): A cannot name a holder that no longer exists.
+        assert "was taken over by another driver (which has since let it go)" in a_log, a_log
     assert taken.lease_owner != a_owner
     # A stops within a renewal interval and a poll, plus its cluster's shutdown.
     assert a_exit_after < 45, a_log

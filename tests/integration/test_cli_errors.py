@@ -358,7 +358,7 @@ def test_a_cluster_address_nobody_listens_at_is_one_line_before_the_run_starts(
     if command == "resume":
         # A run recorded on a scheduler that is gone by the time it is resumed.
         from vcdl import api
-        from vcdl.config import load_config
+        from vcdl.config_files import load_config
         from vcdl.driver.runs import prepare_run
 
         sets = ["run.name=gone", f"cluster.address={address}"]
@@ -384,7 +384,7 @@ def test_a_run_started_without_the_cli_says_the_same_at_once(
     import time
 
     from vcdl import api
-    from vcdl.config import load_config
+    from vcdl.config_files import load_config
     from vcdl.errors import ClusterUnreachable
 
     cfg = tmp_path / "good.toml"

@@ -4,7 +4,7 @@ Issue 34, item 6. Hypothesis writes configs (every key of every section, plus
 unknown ones, with values of the wrong type, NaN and infinities, huge and
 negative numbers, odd strings, nested tables) and ``--set`` overrides, and
 runs them through what ``vcdl train CONFIG --set ...`` runs before the banner:
-:func:`vcdl.config.apply_overrides`, :func:`vcdl.config.parse_config` and
+:func:`vcdl.config_files.apply_overrides`, :func:`vcdl.config.parse_config` and
 :func:`vcdl.api.resolve` (locations, the run's own code, the preflight: data
 set, sizes, objective, model, prices). In process, for speed: whatever
 escapes as anything but a :class:`~vcdl.errors.VcdlError` would be a
@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from vcdl import api
-from vcdl.config import RunConfig, apply_overrides, parse_config
+from vcdl.config import RunConfig, parse_config
+from vcdl.config_files import apply_overrides
 from vcdl.data import make_digits, make_mnist1d
 from vcdl.errors import VcdlError
 from vcdl.store import WeightStore

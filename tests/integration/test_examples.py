@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from vcdl.config import load_config
+from vcdl.config_files import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 

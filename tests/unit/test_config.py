@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from vcdl.config import RunConfig, apply_overrides, load_config, parse_config, resolve_home
+from vcdl.config import RunConfig, parse_config
+from vcdl.config_files import apply_overrides, load_config, resolve_home
 from vcdl.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

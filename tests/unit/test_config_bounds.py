@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from vcdl.config import RunConfig, apply_overrides, parse_config
+from vcdl.config import RunConfig, parse_config
+from vcdl.config_files import apply_overrides
 from vcdl.errors import ConfigError
 
 BASE: dict[str, Any] = {"data": {"name": "mnist1d"}, "model": {"factory": "cnn1d"}}

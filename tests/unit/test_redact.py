@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vcdl.config import apply_overrides, parse_config
+from vcdl.config import parse_config
+from vcdl.config_files import apply_overrides
 from vcdl.errors import ConfigError
 from vcdl.redact import MASK, redact_text, redact_url, redact_value, secret_keys, url_secrets
 

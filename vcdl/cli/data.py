@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from vcdl.cli.json_output import report
 from vcdl.cli.parser import Parser, checked_name
-from vcdl.config import writable_home
+from vcdl.config_files import writable_home
 
 if TYPE_CHECKING:
     from collections.abc import Callable

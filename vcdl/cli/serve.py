@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from vcdl.config import resolve_home
+from vcdl.config_files import resolve_home
 
 if TYPE_CHECKING:
     from vcdl.cli.parser import Parents, Subparsers

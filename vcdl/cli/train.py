@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from vcdl.chaos import DEFAULT_START
 from vcdl.cli.parser import WORKERS, Parser, checked_name
 from vcdl.cli.runs import print_summary
-from vcdl.config import writable_home
+from vcdl.config_files import writable_home
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -144,7 +144,7 @@ def resume_command(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, cfg: RunConfig, home: Path) -> int:
     from vcdl import api
-    from vcdl.config import run_log_path
+    from vcdl.config_files import run_log_path
     from vcdl.display import check_run_log
     from vcdl.views.datasets import baseline_line
     from vcdl.worker.speed import speeds_label
