@@ -164,7 +164,9 @@ def allow_own_code(cfg: RunConfig) -> None:
 def preflight(cfg: RunConfig) -> None:
     """Fail on a missing data set, shards or a batch that do not fit its training rows,
     a broken model factory or objective, a data set the objective cannot use, an
-    unpriced instance type or a metrics port in use, before the ledger is touched."""
+    unpriced instance type or a metrics port in use, before the ledger is written; a
+    ledger that is someone else's database, or whose run a live driver holds, before
+    anything is written (a built-in data set is made here)."""
     from vcdl.driver.runs import check_sizes, ensure_dataset, new_model
     from vcdl.metrics.exporter import check_endpoint
     from vcdl.objectives import objective_for
@@ -186,6 +188,9 @@ def preflight(cfg: RunConfig) -> None:
     specs = run_specs(cfg.model.factory, cfg.train.objective, cfg.train.metrics)
     importable_here(code_dirs(cfg.run.code_dir), specs)
     objective = objective_for(cfg.train, cfg.data.fields)
+    # The ledger, read before the first write (a built-in data set): someone else's
+    # database, or a run another driver holds, is refused with nothing written.
+    check_not_driven(cfg)
     ref = RunRef.from_config(cfg)
     info = ensure_dataset(ref.store(), cfg)
     check_sizes(cfg, info)

@@ -493,7 +493,8 @@ def test_a_file_that_is_no_vcdl_ledger_is_refused_in_one_line(
     db = home / "ledger.db"
     make(db)  # type: ignore[operator]
     tables = _tables(db) if make is not _random_bytes else None
-    before = db.read_bytes() if make is _random_bytes else None
+    # Someone else's file is left byte for byte: not even switched to WAL (it was).
+    before = db.read_bytes() if make is not _lost_version_table else None
     cfg = tmp_path / "good.toml"
     cfg.write_text(GOOD)
     argv = {"train": ["train", str(cfg)], "status": ["status", "x"], "runs": ["runs"]}[command]
@@ -504,6 +505,49 @@ def test_a_file_that_is_no_vcdl_ledger_is_refused_in_one_line(
     assert "duplicate column" not in err
     if before is not None:
         assert db.read_bytes() == before
-    else:
+        assert sorted(p.name for p in home.iterdir()) == ["ledger.db"]  # no -wal, no -shm
+    if tables is not None:
         assert _tables(db) == tables
+    if make is _other_tables:
+        import sqlite3
+
+        with sqlite3.connect(db) as conn:
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
     assert not (home / "logs").exists() and not (home / "prefect").exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("command", ["runs", "status"])
+def test_a_postgres_database_of_other_tables_is_no_ledger(
+    pg_url: str, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: vcdl's tables were added beside another application's in its schema."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    url = make_url(pg_url)
+    schema = str(url.query["options"]).rpartition("=")[2]
+    conninfo = {"host": url.host, "port": url.port, "dbname": url.database, "user": url.username}
+
+    def tables() -> list[str]:
+        with psycopg.connect(**conninfo) as conn:
+            rows = conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+                (schema,),
+            ).fetchall()
+        return sorted(r[0] for r in rows)
+
+    with psycopg.connect(**conninfo, autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE "{schema}".invoices (id integer primary key, total real)')
+    argv = {"runs": ["runs"], "status": ["status", "x"]}[command]
+    code, err = _run([*argv, "--ledger", pg_url], capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert "holds other tables (invoices) without vcdl's: not a vcdl ledger" in lines[0], err
+    assert "CREATE DATABASE vcdl" in lines[0], err
+    # The API refuses it too, and nothing was added by either.
+    from vcdl.errors import NotALedger
+
+    with pytest.raises(NotALedger):
+        Ledger(pg_url)
+    assert tables() == ["invoices"]

@@ -5,8 +5,9 @@ the queries (:class:`.queries.Ledger` in :mod:`.queries`, built from :mod:`.base
 :mod:`.runs`, :mod:`.work` and :mod:`.versions`), the merge's at-most-once
 step (:mod:`.merging`; SQLite's and PostgreSQL's paths in :mod:`.sqlite`,
 :mod:`.pg`), the database plumbing (:mod:`.engine`, :mod:`.retry`), the
-driver lease's fencing of writes (:mod:`.fence`) and the schema migrations
-(:mod:`.migrations`).
+driver lease's fencing of writes (:mod:`.fence`), the refusal of someone
+else's database before anything is written to it (:mod:`.foreign`) and the
+schema migrations (:mod:`.migrations`).
 """
 
 from __future__ import annotations

@@ -83,8 +83,9 @@ from sqlalchemy import (
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
 
-from vcdl.errors import LedgerError, LedgerNotFound, NotALedger, UnsupportedLedger
+from vcdl.errors import LedgerError, LedgerNotFound, UnsupportedLedger
 from vcdl.ledger import migrations
+from vcdl.ledger.foreign import not_a_database, refuse_foreign, sqlite_tables
 from vcdl.ledger.retry import TRANSIENT_RETRIES, TRANSIENT_SQLSTATES, jitter, transient_pause
 from vcdl.redact import redact_url as redact_any_url
 
@@ -154,6 +155,8 @@ class LedgerEngine:
 
     def __init__(self, url: str, *, create: bool = True) -> None:
         self._create = create
+        # The SQLite file, read on its own before the engine opens it (ensure_schema).
+        self._sqlite_file: Path | None = None
         try:
             parsed = make_url(url)
         except ArgumentError as exc:
@@ -193,6 +196,8 @@ class LedgerEngine:
                 )
             else:
                 Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            if db and db != ":memory:" and not db.startswith("file:"):
+                self._sqlite_file = Path(db).expanduser()
             engine = create_engine(url, connect_args={"timeout": 30}, **pool)
             event.listen(engine, "connect", _sqlite_on_connect)
             event.listen(engine, "begin", _sqlite_on_begin)
@@ -296,10 +301,7 @@ class LedgerEngine:
         if self._secret:
             detail = detail.replace(self._secret, "***")
         if "file is not a database" in detail or "file is encrypted" in detail:
-            return NotALedger(
-                f"ledger {self.display}: the file is not an SQLite database (not a vcdl "
-                "ledger); move it away, or pass the --home (or --ledger) of your runs"
-            )
+            return not_a_database(self.display)
         if "database is locked" in detail:
             return LedgerError(
                 f"ledger {self.display} stayed locked for 30 s; another process "
@@ -328,23 +330,24 @@ class LedgerEngine:
         others wait, then find it at head.
         """
         head = migrations.head_revision()
+        ours = migrations.LEDGER_TABLES | {migrations.VERSION_TABLE}
+        if self._sqlite_file is not None:
+            # Read-only first: the engine's connections switch the file to WAL as
+            # they open, which would modify someone else's database before it is
+            # refused.
+            tables = sqlite_tables(self._sqlite_file, self.display)
+            refuse_foreign(self.display, self.backend, tables or (), ours)
         try:
             with self.read_engine.connect() as conn:
                 current = migrations.current_revision(conn)
                 # A ledger from before migrations has its tables but no revision.
                 empty = current is None and not migrations.has_ledger_tables(conn)
-                # An SQLite file is the ledger's alone: one with other tables is
-                # someone else's database, not to be written into.
+                # A ledger's database (or schema) is vcdl's alone: one with other
+                # tables is someone else's, not to be written into.
                 others = sorted(inspect(conn).get_table_names()) if empty else []
         except DBAPIError as exc:
             raise self.error(exc, "cannot open ledger") from exc
-        if others and self.backend == "sqlite":
-            shown = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
-            raise NotALedger(
-                f"ledger {self.display} is an SQLite database of other tables ({shown[:200]}) "
-                "without vcdl's: not a vcdl ledger; pass the --home (or --ledger) of your "
-                "runs, or a new file"
-            )
+        refuse_foreign(self.display, self.backend, others, ours)
         if current == head:
             return
         if empty and not create:
