@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import sqlite3
 import time
 from pathlib import Path
 
@@ -62,6 +63,33 @@ workers = 2
 """
 
 
+def stop_outside_a_write(pid: int, db: Path) -> None:
+    """SIGSTOP ``pid`` at a moment it holds no write transaction on the SQLite ledger ``db``.
+
+    A process stopped inside one keeps SQLite's write lock for as long as it is
+    stopped, and no other process can write: the resuming driver waits, then
+    fails with "stayed locked for 30 s" (it did once), and this test, which
+    continues A only after B has taken over, would wait for nothing. That is
+    SQLite's locking, not the lease's fencing this test is about
+    (docs/fault-tolerance.md says what it means for a paused driver).
+    """
+    for _ in range(200):
+        os.kill(pid, signal.SIGSTOP)
+        probe = sqlite3.connect(db, timeout=0)
+        try:
+            probe.execute("BEGIN IMMEDIATE")  # takes the write lock only if it is free
+            probe.execute("ROLLBACK")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc):
+                raise
+        finally:
+            probe.close()
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.05)
+    raise AssertionError("driver A held the ledger's write lock at 200 tries to stop it")
+
+
 def trial(tmp_path: Path, prefect_api_url: str, rng: random.Random) -> None:
     home = tmp_path / "home"
     cfg = tmp_path / "fence.toml"
@@ -85,7 +113,7 @@ def trial(tmp_path: Path, prefect_api_url: str, rng: random.Random) -> None:
             tail=lambda: log_tail(home, "train"),
             poll=0.2,
         )
-        os.kill(a.pid, signal.SIGSTOP)
+        stop_outside_a_write(a.pid, db)
         ledger = Ledger(f"sqlite:///{db}")
         a_run = ledger.get_run("fence")
         a_gen, a_owner = a_run.lease_generation, a_run.lease_owner
