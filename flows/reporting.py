@@ -10,8 +10,9 @@ server); this module only hands it to Prefect. Artifact keys, for run ``R``
   rejections, mean staleness, goodput, head version, wall time);
 - ``vcdl-summary-R``: markdown with the run's lineage, the per-epoch table,
   the progress plot (also stored at ``runs/R/plots/progress.png`` in the weight
-  store), the driver's log file and metrics endpoint when it has them, and how
-  to export the model.
+  store), the driver's log file and metrics endpoint when it has them, the
+  ``vcdl story`` commands that tell what happened to a subtask, and how to
+  export the model.
 
 Numbers in the tables are rounded for reading (vcdl/views/artifacts.py):
 metrics to 4 significant digits, seconds to a tenth, dollars to the cent (4

@@ -93,6 +93,12 @@ class VersionPruned(LedgerError, LookupError):
     exit_code = 2
 
 
+class SubtaskNotFound(LedgerError, LookupError):
+    """The run has no such epoch or shard (``vcdl story``); the message names those it has."""
+
+    exit_code = 2
+
+
 class UnsupportedLedger(LedgerError, ValueError):
     """The ledger URL names a database vcdl does not run on."""
 

@@ -1,8 +1,10 @@
-"""Model factories that misbehave on purpose: one always fails, one hangs once."""
+"""Model factories that misbehave on purpose: one always fails, one hangs once, one kills
+its worker once."""
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import torch
@@ -44,3 +46,29 @@ def hangs_once(
     input_shape: tuple[int, ...], num_classes: int, marker: str, seconds: float
 ) -> nn.Module:
     return HangsOnce(marker, seconds)
+
+
+class DiesOnce(nn.Module):
+    """A small MLP whose first forward pass on a Dask worker (one marker file) SIGKILLs the
+    worker's process: a worker lost mid-attempt without notice, as a reclaimed spot VM."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__()
+        self.linear = nn.Linear(40, 10)
+        self.marker = marker
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from distributed import get_worker
+
+        try:
+            get_worker()  # never the driver's process (an evaluation there)
+            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+        except (ValueError, FileExistsError):
+            pass
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.linear(x.reshape(len(x), -1))
+
+
+def dies_once(input_shape: tuple[int, ...], num_classes: int, marker: str) -> nn.Module:
+    return DiesOnce(marker)

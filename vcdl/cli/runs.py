@@ -27,8 +27,13 @@ def add_parsers(sub: Subparsers, parents: Parents) -> None:
         "reissues, rejections, the merge and its version",
     )
     st.add_argument("run")
-    st.add_argument("--epoch", type=int, help="only this epoch's subtasks")
-    st.add_argument("--shard", type=int, help="only this shard's subtask (of each epoch)")
+    st.add_argument("--epoch", type=int, help="only this epoch's subtasks, a line each")
+    st.add_argument(
+        "--shard", type=int, help="only this shard's subtask (with --epoch: its whole timeline)"
+    )
+    st.add_argument(
+        "--all", action="store_true", help="list every subtask (a summary lists at most 50)"
+    )
 
     co = sub.add_parser("cost", parents=reporting, help="a run's cost, waste and spot savings")
     co.add_argument("run")
@@ -101,15 +106,17 @@ def status_command(args: argparse.Namespace) -> int:
 
 
 def story_command(args: argparse.Namespace) -> int:
+    import shutil
+
     from vcdl import api
-    from vcdl.views.story import format_stories, run_stories
+    from vcdl.views.story import read_story
+    from vcdl.views.story_text import WIDTH, story_text
 
     ledger = api.existing_ledger(args.home, args.ledger)
-    ledger.get_run(args.run)  # a run that does not exist is an error, not an empty story
-    stories = run_stories(ledger, args.run, epoch=args.epoch, shard=args.shard)
-    doc = {"run": args.run, "subtasks": [s.to_dict() for s in stories]}
-    if not report(args, doc):
-        print(format_stories(stories))
+    told = read_story(ledger, args.run, epoch=args.epoch, shard=args.shard)
+    if not report(args, told.to_dict()):
+        width = max(shutil.get_terminal_size().columns, 60) if sys.stdout.isatty() else WIDTH
+        print(story_text(told, width=width, every=args.all))
     return 0
 
 

@@ -179,7 +179,8 @@ def summary_markdown(
     log_file: str | None = None,
     metrics_url: str | None = None,
 ) -> str:
-    """The run's summary: state, lineage, per-epoch table, cost, plot, how to export.
+    """The run's summary: state, lineage, per-epoch table, cost, the `vcdl story` commands
+    that tell what happened to a subtask, plot, how to export.
 
     ``s`` is :func:`vcdl.views.status.run_status`'s summary; ``rows`` are
     :func:`epoch_metrics`; ``plot_image`` an image URL (e.g. a data URI)
@@ -234,6 +235,7 @@ def summary_markdown(
             lines.append(f"- The driver's full log (Prefect, Dask, the workers): `{log_file}`")
         if metrics_url:
             lines.append(f"- Metrics of the driver (Prometheus): <{metrics_url}>")
+    lines += ["", "## The story of a subtask", "", *_story_lines(run, rows)]
     if plot_image or plot_uri:
         lines += ["", "## Progress", ""]
         if plot_image:
@@ -256,6 +258,25 @@ def summary_markdown(
         "```",
     ]
     return "\n".join(lines)
+
+
+def _story_lines(run: str, rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Which `vcdl story` command tells what happened to a subtask (vcdl/views/story.py)."""
+    lines = [
+        f"`vcdl story {run} --epoch E --shard S` tells everything that happened to a subtask: "
+        "its attempts, workers, kills, notices, reissues, rejections, the merge and its version. "
+        f"`vcdl story {run} --epoch E` lists an epoch's subtasks, `vcdl story {run}` the run's."
+    ]
+    eventful = [r for r in rows if r["reissues"] or r["rejections"]]
+    if eventful:
+        # The epoch a reader most likely wants explained: the one with the most reissues.
+        worst = max(eventful, key=lambda r: (r["reissues"], r["rejections"]))
+        lines += [
+            "",
+            f"Epoch {worst['epoch']} had the most reissues ({worst['reissues']}) and "
+            f"{worst['rejections']} rejection(s): `vcdl story {run} --epoch {worst['epoch']}`.",
+        ]
+    return lines
 
 
 def _cost_lines(c: Mapping[str, Any]) -> list[str]:

@@ -1,53 +1,93 @@
 """The story of a subtask: everything that happened to it, in order, from the ledger.
 
-``vcdl story RUN [--epoch E] [--shard S]``: for each subtask, its attempts
-(which worker, from which base version, resumed from which checkpoint), how
-each ended (a result, a partial result under a preemption notice, killed,
-timed out, rejected and why, a late duplicate), the reissues, and the merge
-that made its version (α, staleness), or why it was closed otherwise
-(failed, dropped, deferred). The epoch's state machine keeps a log of its own
-decisions (``EpochState.story``) while a driver runs; the ledger's facts are
-what outlives the driver, so the story is told from them.
+This module owns the facts of ``vcdl story RUN [--epoch E] [--shard S]``:
+:func:`tell` (pure) turns one subtask's ledger rows (the subtask, its
+attempts, its merged version) into :class:`StoryEvent` s, oldest first:
+each attempt's start (a reissue if it is not the first; from which base
+version, resuming which attempt's checkpoint), how it ended (a result, a
+partial result under a preemption notice, killed, timed out, failed,
+rejected and why, a late duplicate), the merge and the version it made (α,
+staleness, parent), retention letting that version's weights go, and why
+the subtask was closed otherwise (failed, dropped, deferred). Every time is
+also given in seconds from the run's start. :func:`read_story` reads the
+rows and refuses an epoch or a shard that does not exist, naming those
+that do. The text is :mod:`vcdl.views.story_text`'s.
+
+The story is told from the ledger because the ledger is what outlives the
+driver. The epoch's state machine keeps a bounded log of its own decisions
+(``EpochState.story``) only while its driver runs; nothing persists it.
+What only that log knows is therefore missing: a task that a worker under
+notice handed back before claiming an attempt, the reason a reissue was
+decided with. Its consequences are in the rows (the next attempt's start,
+an attempt given up as killed because "the task was re-run elsewhere").
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
+from vcdl.errors import SubtaskNotFound
 from vcdl.ledger import Attempt, Ledger, Subtask, Version
+from vcdl.ledger.models import FOLDED_CHECKSUM
 
-_ENDED = {
-    "finished": "returned its result",
-    "interrupted": "handed in a partial result under a preemption notice",
-    "killed": "was killed",
-    "timeout": "timed out",
-    "rejected": "had its result rejected",
-    "duplicate": "returned a result its subtask no longer needed (a duplicate)",
-    "merged": "returned its result",  # merged: the merge's own moment follows
+EventKind = Literal[
+    "started",
+    "reissued",
+    "returned",
+    "notice",
+    "killed",
+    "timeout",
+    "failed",
+    "rejected",
+    "duplicate",
+    "merged",
+    "pruned",
+    "closed",
+]
+"""What an event is, as a stable token (docs/cli.md lists them)."""
+
+#: The kind of the event that ends an attempt in each state (running ones have none).
+_END_KIND: dict[str, EventKind] = {
+    "finished": "returned",
+    "merged": "returned",
+    "interrupted": "notice",
+    "killed": "killed",
+    "timeout": "timeout",
     "failed": "failed",
+    "rejected": "rejected",
+    "duplicate": "duplicate",
 }
+
+#: Subtask states that close a subtask without a merge; the reason says why.
+CLOSED_STATES = ("failed", "dropped", "deferred")
 
 
 @dataclass(frozen=True)
-class Moment:
-    """One thing that happened to a subtask."""
+class StoryEvent:
+    """One thing that happened to a subtask: when, what, which attempt, where."""
 
     at: datetime
-    event: str
+    seconds: float
+    """Seconds from the run's start (the run row's creation) to ``at``."""
+    kind: EventKind
     attempt: int | None = None
     worker: str | None = None
+    version: int | None = None
+    """The version a merge made (``merged``, ``pruned``); the base an attempt started from
+    (``started``, ``reissued``)."""
     detail: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"at": self.at.isoformat()}
+        return asdict(self) | {"at": self.at.isoformat(), "seconds": round(self.seconds, 3)}
 
 
 @dataclass(frozen=True)
 class Story:
-    """A subtask and its moments, oldest first."""
+    """A subtask and its events, oldest first."""
 
     epoch: int
     shard: int
@@ -55,7 +95,9 @@ class Story:
     attempts: int
     merged_version: int | None
     reason: str | None
-    moments: list[Moment] = field(default_factory=list)
+    events: list[StoryEvent] = field(default_factory=list)
+    outcomes: list[tuple[int, str]] = field(default_factory=list)
+    """Each attempt's number and state, in order: the compact line's summary."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -65,102 +107,222 @@ class Story:
             "attempts": self.attempts,
             "merged_version": self.merged_version,
             "reason": self.reason,
-            "events": [m.to_dict() for m in self.moments],
+            "events": [e.to_dict() for e in self.events],
+        }
+
+    @property
+    def eventful(self) -> bool:
+        """Anything but one attempt that was merged: what a capped summary keeps."""
+        return self.state != "merged" or len(self.outcomes) != 1
+
+
+@dataclass(frozen=True)
+class RunStory:
+    """The stories ``vcdl story`` asked for, with the run's start and what was asked."""
+
+    run: str
+    started_at: datetime
+    epoch: int | None
+    shard: int | None
+    epochs: int | None
+    """The run's configured epochs (None where its config does not say)."""
+    stories: list[Story]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "started_at": self.started_at.isoformat(),
+            "epoch": self.epoch,
+            "shard": self.shard,
+            "subtasks": [s.to_dict() for s in self.stories],
         }
 
 
-def _started(a: Attempt, numbers: dict[str, int]) -> Moment:
+def under_notice(a: Attempt) -> bool:
+    """Whether the attempt handed in a partial result under a preemption notice.
+
+    Its state says so until it is merged; after that only its reason does (the
+    worker records "stopped at a batch boundary by a preemption notice").
+    """
+    return a.state == "interrupted" or "preemption notice" in (a.reason or "")
+
+
+def _since(start: datetime, at: datetime) -> float:
+    return (at - start).total_seconds()
+
+
+def _started(a: Attempt, numbers: dict[str, int], start: datetime) -> StoryEvent:
     detail = f"from v{a.base_version}"
     if a.resumed_from is not None:
         source = numbers.get(a.resumed_from)
-        detail += f", resuming attempt {source}'s checkpoint" if source else ", from a checkpoint"
-    event = "attempt started" if a.number == 1 else "attempt started (reissued)"
-    return Moment(a.started_at, event, a.number, a.worker, detail)
+        where = f"attempt {source}'s" if source is not None else "another subtask's"
+        detail += f", resuming {where} checkpoint"
+        if a.resumed_seconds is not None:
+            detail += f" ({a.resumed_seconds:.1f} s trained)"
+    kind: EventKind = "started" if a.number == 1 else "reissued"
+    at = a.started_at
+    return StoryEvent(at, _since(start, at), kind, a.number, a.worker, a.base_version, detail)
 
 
-def _ended(a: Attempt) -> Moment | None:
+def _ended(a: Attempt, start: datetime) -> StoryEvent | None:
     if a.state == "running" or a.finished_at is None:
         return None
-    what = _ENDED.get(a.state, a.state)
-    parts = [f"{a.samples} samples"] if a.samples is not None else []
-    if a.reason:
+    kind = _END_KIND.get(a.state, "failed")
+    if kind == "returned" and under_notice(a):
+        kind = "notice"
+    parts = []
+    if a.samples is not None:
+        parts.append(f"{a.samples} samples")
+    if a.loss is not None and kind in ("returned", "notice"):
+        parts.append(f"loss {a.loss:.4g}")
+    if a.reason and kind != "notice":  # a notice's reason is its kind
         parts.append(a.reason)
-    return Moment(a.finished_at, f"attempt {what}", a.number, a.worker, "; ".join(parts))
+    at = a.finished_at
+    return StoryEvent(at, _since(start, at), kind, a.number, a.worker, None, ", ".join(parts))
 
 
-def _merged(v: Version, numbers: dict[str, int]) -> list[Moment]:
+def _merged(v: Version, numbers: dict[str, int], start: datetime) -> list[StoryEvent]:
     number = numbers.get(v.attempt_id or "")
-    alpha = f"alpha {v.alpha:.3f}" if v.alpha is not None else "alpha ?"
-    out = [
-        Moment(
-            v.created_at,
-            f"merged as v{v.number}",
-            number,
-            None,
-            f"{alpha}, staleness {v.staleness}",
-        )
-    ]
-    if v.pruned_at is not None:
-        out.append(Moment(v.pruned_at, f"v{v.number}'s weights let go by retention"))
+    parts = [f"alpha {v.alpha:.3g}" if v.alpha is not None else "alpha unknown"]
+    if v.staleness is not None:
+        parts.append(f"staleness {v.staleness}")
+    if v.parent is not None:
+        parts.append(f"onto v{v.parent}")
+    if v.checksum == FOLDED_CHECKSUM:
+        parts.append("folded: its weights were stored only with a later version")
+    at = v.created_at
+    out = [StoryEvent(at, _since(start, at), "merged", number, None, v.number, ", ".join(parts))]
+    # A folded version is recorded pruned as it is made: nothing was let go later.
+    if v.pruned_at is not None and v.checksum != FOLDED_CHECKSUM:
+        at = v.pruned_at
+        detail = "its weights let go by the retention policy (store.keep)"
+        out.append(StoryEvent(at, _since(start, at), "pruned", None, None, v.number, detail))
     return out
 
 
-def tell(subtask: Subtask, attempts: Iterable[Attempt], version: Version | None) -> Story:
-    """The story of ``subtask`` from its attempts' rows and its merged version's."""
+def tell(
+    subtask: Subtask, attempts: Iterable[Attempt], version: Version | None, start: datetime
+) -> Story:
+    """The story of ``subtask`` from its attempts' rows and its merged version's row.
+
+    ``start`` is the run's start: each event's ``seconds`` count from it.
+    Events are in time order; at equal times, in the order they happened
+    (an attempt's start before its end, its end before the merge).
+    """
     rows = sorted(attempts, key=lambda a: a.number)
     numbers = {a.id: a.number for a in rows}
-    moments: list[Moment] = []
+    events: list[StoryEvent] = []
     for a in rows:
-        moments.append(_started(a, numbers))
-        ended = _ended(a)
+        events.append(_started(a, numbers, start))
+        ended = _ended(a, start)
         if ended is not None:
-            moments.append(ended)
+            events.append(ended)
     if version is not None:
-        moments += _merged(version, numbers)
-    if subtask.state in ("failed", "dropped", "deferred") and subtask.reason:
-        last = max((m.at for m in moments), default=None)
-        if last is not None:
-            moments.append(Moment(last, f"subtask {subtask.state}", None, None, subtask.reason))
-    # Stable: a row's start before its end when the clock ties.
-    moments.sort(key=lambda m: m.at)
+        events += _merged(version, numbers, start)
+    # Stable: ties keep the order above.
+    events.sort(key=lambda e: e.at)
+    if subtask.state in CLOSED_STATES:
+        # The ledger keeps no time for a subtask's closing: it is after its last event.
+        at = events[-1].at if events else start
+        detail = subtask.reason or ""
+        events.append(StoryEvent(at, _since(start, at), "closed", None, None, None, detail))
     return Story(
-        subtask.epoch,
-        subtask.shard,
-        subtask.state,
-        subtask.attempts,
-        subtask.merged_version,
-        subtask.reason,
-        moments,
+        epoch=subtask.epoch,
+        shard=subtask.shard,
+        state=subtask.state,
+        attempts=max(subtask.attempts, len(rows)),
+        merged_version=subtask.merged_version,
+        reason=subtask.reason,
+        events=events,
+        outcomes=[(a.number, _outcome(a)) for a in rows],
     )
 
 
-def run_stories(
+def _outcome(a: Attempt) -> str:
+    """An attempt's end in a word or two: its state, and that it was partial."""
+    if under_notice(a) and a.state in ("merged", "interrupted"):
+        return f"{a.state} (partial)" if a.state == "merged" else "partial"
+    return a.state
+
+
+def _spans(numbers: Iterable[int]) -> str:
+    """Numbers as ranges: 0-3, 5, 7-9."""
+    out: list[str] = []
+    run: list[int] = []
+    for n in sorted(set(numbers)):
+        if run and n == run[-1] + 1:
+            run.append(n)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [n]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(out)
+
+
+def _configured_epochs(config: str) -> int | None:
+    # Read leniently: a story is told of any run, whatever its config's version.
+    try:
+        epochs = json.loads(config).get("run", {}).get("epochs")
+    except (ValueError, AttributeError):
+        return None
+    return epochs if isinstance(epochs, int) else None
+
+
+def check_selection(
+    run: str,
+    subtasks: Sequence[Subtask],
+    *,
+    epoch: int | None,
+    shard: int | None,
+    epochs: int | None,
+) -> None:
+    """Raise :class:`SubtaskNotFound`, naming what exists, if ``epoch`` or ``shard`` is
+    not among ``subtasks`` (the run's, all of them, or ``epoch``'s)."""
+    planned = f" (of {epochs})" if epochs is not None else ""
+    if not subtasks:
+        raise SubtaskNotFound(
+            f"run {run!r} has no subtasks yet: no epoch has started{planned}"
+            if epoch is None
+            else f"run {run!r} has no epoch {epoch}; none has started yet{planned}"
+        )
+    if epoch is not None and all(s.epoch != epoch for s in subtasks):
+        have = _spans(s.epoch for s in subtasks)
+        raise SubtaskNotFound(f"run {run!r} has no epoch {epoch}: its epochs are {have}{planned}")
+    if shard is not None:
+        mine = [s for s in subtasks if epoch is None or s.epoch == epoch]
+        if all(s.shard != shard for s in mine):
+            whose = f"epoch {epoch} of run {run!r}" if epoch is not None else f"run {run!r}"
+            have = _spans(s.shard for s in mine)
+            raise SubtaskNotFound(f"{whose} has no shard {shard}: its shards are {have}")
+
+
+def read_story(
     ledger: Ledger, run: str, *, epoch: int | None = None, shard: int | None = None
-) -> list[Story]:
-    """The stories of run ``run``'s subtasks (of ``epoch``, of ``shard``), in order."""
-    subtasks = [s for s in ledger.subtasks(run, epoch) if shard is None or s.shard == shard]
-    by_subtask: dict[int, list[Attempt]] = {}
+) -> RunStory:
+    """The stories of run ``run``'s subtasks (of ``epoch``, of ``shard``), by epoch and shard.
+
+    Raises :class:`~vcdl.errors.RunNotFound` for an unknown run and
+    :class:`~vcdl.errors.SubtaskNotFound` for an epoch or shard it does not have.
+    """
+    row = ledger.get_run(run)
+    epochs = _configured_epochs(row.config)
+    subtasks = ledger.subtasks(run, epoch)
+    if epoch is not None and not subtasks:
+        # Only to name the epochs there are: the run's every subtask is read on error only.
+        check_selection(run, ledger.subtasks(run), epoch=epoch, shard=shard, epochs=epochs)
+    check_selection(run, subtasks, epoch=epoch, shard=shard, epochs=epochs)
+    chosen = [s for s in subtasks if shard is None or s.shard == shard]
+    ids = {s.id for s in chosen}
+    by_subtask: dict[int | None, list[Attempt]] = {}
     for a in ledger.attempts(run, epoch):
-        by_subtask.setdefault(a.subtask_id, []).append(a)
-    versions = {v.subtask_id: v for v in ledger.versions(run, epoch=epoch) if v.subtask_id}
-    return [
-        tell(s, by_subtask.get(s.id or -1, []), versions.get(s.id or -1))
-        for s in sorted(subtasks, key=lambda s: (s.epoch, s.shard))
+        if a.subtask_id in ids:
+            by_subtask.setdefault(a.subtask_id, []).append(a)
+    versions = {v.subtask_id: v for v in ledger.versions(run, epoch=epoch) if v.subtask_id in ids}
+    start = row.created_at
+    stories = [
+        tell(s, by_subtask.get(s.id, []), versions.get(s.id), start)
+        for s in sorted(chosen, key=lambda s: (s.epoch, s.shard))
     ]
-
-
-def format_stories(stories: Iterable[Story]) -> str:
-    """The stories as a timeline for the terminal, a block per subtask."""
-    blocks = []
-    for s in stories:
-        head = f"epoch {s.epoch} shard {s.shard}: {s.state}, {s.attempts} attempt(s)"
-        if s.merged_version is not None:
-            head += f", merged as v{s.merged_version}"
-        lines = [head]
-        for m in s.moments:
-            who = f" attempt {m.attempt}" if m.attempt is not None else ""
-            where = f" on {m.worker}" if m.worker else ""
-            detail = f" ({m.detail})" if m.detail else ""
-            lines.append(f"  {m.at:%H:%M:%S.%f}"[:-3] + f"{who}{where}: {m.event}{detail}")
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks) if blocks else "no subtask matches"
+    return RunStory(run, start, epoch, shard, epochs, stories)
