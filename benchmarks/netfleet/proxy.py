@@ -1,0 +1,270 @@
+"""The userspace TCP proxy of every link: latency, jitter, loss as stalls, and cuts.
+
+Worker hosts cannot reach the root namespace's loopback, where the services
+listen (the scheduler, moto's S3, PostgreSQL, Prefect's API). Each service
+gets one listener on the bridge's address; a connection belongs to the link
+of the address it comes from (a worker host's, or ``driver`` for the root
+namespace) and, for a route into a host (a Dask worker's contact address),
+to that host's link too. Each chunk read is held for its links' sampled
+one-way delay and delivered in order (a chunk never overtakes the one before
+it, as on TCP). A ``stall`` cut holds every chunk and every new connection
+until it ends; a ``reset`` cut resets the link's connections and resets each
+new one at once. The event loop runs in a thread of the process that owns
+the fleet, so it dies with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from benchmarks.netfleet.links import CutMode, Link, LinkProfile
+
+__all__ = ["DRIVER", "LinkProxy", "Route"]
+
+DRIVER = "driver"  # the link of connections from the root namespace (the driver's side)
+CHUNK = 64 * 1024
+# Chunks one direction may hold before it stops reading: about a TCP window,
+# so a bulk transfer is held back by the link, not buffered here without end.
+QUEUED_CHUNKS = 64
+
+T = TypeVar("T")
+
+
+@dataclass
+class Route:
+    """One listener: ``listen`` (bridge address, port) forwarded to ``target``.
+
+    ``into`` names the host whose link a connection also crosses (a route into
+    that host's namespace); ``None`` for a service in the root namespace.
+    """
+
+    name: str
+    listen: tuple[str, int]
+    target: tuple[str, int]
+    into: str | None = None
+    server: asyncio.AbstractServer | None = None
+    connections: set[_Conn] = field(default_factory=set)
+
+
+@dataclass(eq=False)
+class _Conn:
+    links: tuple[Link, ...]
+    transports: list[asyncio.Transport] = field(default_factory=list)
+
+    def reset(self) -> None:
+        for transport in self.transports:
+            _reset(transport)
+
+
+def _reset(transport: asyncio.Transport) -> None:
+    # SO_LINGER 0: close() sends a RST, as a host that forgot the connection does.
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+class LinkProxy:
+    """Every route of one fleet, on one event loop in a daemon thread."""
+
+    def __init__(self, source_links: Callable[[str], str]) -> None:
+        """``source_links`` maps a connection's source address to its link's name."""
+        self._source_link = source_links
+        self.links: dict[str, Link] = {DRIVER: Link(DRIVER)}
+        self.routes: dict[str, Route] = {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="netfleet-proxy")
+        self._thread.daemon = True
+        self._thread.start()
+
+    # -- called from the owner's thread --------------------------------------------------
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return future.result(timeout)
+
+    def add_link(self, name: str, profile: LinkProfile | None = None) -> None:
+        """A link named ``name`` (a host's), unshaped unless ``profile`` says otherwise."""
+        self._call(self._add_link(name, profile or LinkProfile()))
+
+    def set_profile(self, name: str, profile: LinkProfile) -> None:
+        """Change a link's latency, jitter and loss from now on (its bandwidth is tbf's)."""
+        self._call(self._set_profile(name, profile))
+
+    def add_route(
+        self, name: str, listen_host: str, target: tuple[str, int], into: str | None = None
+    ) -> tuple[str, int]:
+        """Listen on ``listen_host`` (a free port) and forward to ``target``; the address bound."""
+        return self._call(self._add_route(Route(name, (listen_host, 0), target, into)))
+
+    def cut(self, name: str, seconds: float, mode: CutMode) -> None:
+        """Cut link ``name`` for ``seconds`` (``stall``/``down``: hold; ``reset``: refuse)."""
+        self._call(self._cut(name, seconds, mode))
+
+    def uncut(self, name: str) -> None:
+        """End link ``name``'s cut now."""
+        self._call(self._cut(name, 0.0, "stall"))
+
+    def close(self) -> None:
+        """Stop every listener, reset every connection, end the loop's thread."""
+        if not self._loop.is_running():
+            return
+        with contextlib.suppress(Exception):
+            self._call(self._close(), timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    # -- on the loop ---------------------------------------------------------------------
+
+    async def _add_link(self, name: str, profile: LinkProfile) -> None:
+        self.links[name] = Link(name, profile, changed=asyncio.Event())
+
+    async def _set_profile(self, name: str, profile: LinkProfile) -> None:
+        self.links[name].profile = profile
+
+    async def _add_route(self, route: Route) -> tuple[str, int]:
+        route.server = await asyncio.start_server(
+            lambda r, w: self._serve(route, r, w), route.listen[0], route.listen[1]
+        )
+        sock = route.server.sockets[0]
+        route.listen = (route.listen[0], int(sock.getsockname()[1]))
+        self.routes[route.name] = route
+        return route.listen
+
+    async def _cut(self, name: str, seconds: float, mode: CutMode) -> None:
+        link = self.links[name]
+        link.cut_until = time.monotonic() + seconds
+        link.cut_mode = mode
+        if link.changed is None:
+            link.changed = asyncio.Event()
+        link.changed.set()  # wake the held ones: they look again
+        link.changed = asyncio.Event()
+        if mode == "reset" and seconds > 0:
+            for route in self.routes.values():
+                for conn in list(route.connections):
+                    if link in conn.links:
+                        conn.reset()
+
+    async def _close(self) -> None:
+        for route in self.routes.values():
+            if route.server is not None:
+                route.server.close()
+            for conn in list(route.connections):
+                conn.reset()
+
+    def _links_of(self, route: Route, peer: str) -> tuple[Link, ...]:
+        names = [self._source_link(peer)]
+        if route.into is not None and route.into not in names:
+            names.append(route.into)
+        return tuple(self.links.get(n) or self.links[DRIVER] for n in names)
+
+    async def _serve(
+        self, route: Route, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        peer = str(writer.get_extra_info("peername")[0])
+        links = self._links_of(route, peer)
+        conn = _Conn(links, [writer.transport])  # type: ignore[list-item]
+        route.connections.add(conn)
+        try:
+            if any(link.resets() for link in links):
+                conn.reset()
+                return
+            await _held(links)
+            # A real link's handshake costs a round trip before the first byte.
+            await asyncio.sleep(sum(_one_way(link) for link in links) * 2)
+            try:
+                up_reader, up_writer = await asyncio.open_connection(*route.target)
+            except OSError:
+                conn.reset()  # the service is down: the client sees what it would
+                return
+            conn.transports.append(up_writer.transport)  # type: ignore[arg-type]
+            if any(link.resets() for link in links):
+                conn.reset()
+                return
+            await asyncio.gather(
+                _pump(reader, up_writer, links, route.name),
+                _pump(up_reader, writer, links, route.name),
+            )
+        finally:
+            route.connections.discard(conn)
+            for transport in conn.transports:
+                transport.close()
+
+
+def _one_way(link: Link) -> float:
+    return link.profile.one_way_s(link.rng)
+
+
+async def _held(links: tuple[Link, ...]) -> None:
+    """Wait while any of ``links`` is cut (a stall); return at once when none is."""
+    while True:
+        waits = [link for link in links if link.cut_left() > 0]
+        if not waits:
+            return
+        link = waits[0]
+        changed = link.changed
+        if changed is None:
+            await asyncio.sleep(link.cut_left())
+            continue
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), link.cut_left())
+
+
+async def _pump(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    links: tuple[Link, ...],
+    route: str,
+) -> None:
+    """Copy one direction, each chunk delivered at its arrival plus the links' delay, in order."""
+    queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(QUEUED_CHUNKS)
+
+    async def read() -> None:
+        last = 0.0
+        try:
+            while chunk := await reader.read(CHUNK):
+                due = max(time.monotonic() + sum(_one_way(link) for link in links), last)
+                last = due
+                await queue.put((due, chunk))
+        except (ConnectionError, OSError):
+            pass
+        await queue.put((last, b""))
+
+    async def write() -> None:
+        try:
+            while True:
+                due, chunk = await queue.get()
+                wait = due - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                await _held(links)
+                if not chunk:
+                    if writer.can_write_eof():
+                        writer.write_eof()
+                    return
+                writer.write(chunk)
+                for link in links:
+                    link.carried[route] = link.carried.get(route, 0) + len(chunk)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            writer.transport.abort()
+
+    reading = asyncio.ensure_future(read())
+    try:
+        await write()
+    finally:
+        reading.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reading
