@@ -267,14 +267,15 @@ def _story_lines(run: str, rows: Sequence[dict[str, Any]]) -> list[str]:
         "its attempts, workers, kills, notices, reissues, rejections, the merge and its version. "
         f"`vcdl story {run} --epoch E` lists an epoch's subtasks, `vcdl story {run}` the run's."
     ]
-    eventful = [r for r in rows if r["reissues"] or r["rejections"]]
+    eventful = [r for r in rows if r.get("reissues") or r.get("rejections")]
     if eventful:
         # The epoch a reader most likely wants explained: the one with the most reissues.
-        worst = max(eventful, key=lambda r: (r["reissues"], r["rejections"]))
+        worst = max(eventful, key=lambda r: (r.get("reissues", 0), r.get("rejections", 0)))
         lines += [
             "",
-            f"Epoch {worst['epoch']} had the most reissues ({worst['reissues']}) and "
-            f"{worst['rejections']} rejection(s): `vcdl story {run} --epoch {worst['epoch']}`.",
+            f"Epoch {worst['epoch']} had the most reissues ({worst.get('reissues', 0)}) and "
+            f"{worst.get('rejections', 0)} rejection(s): "
+            f"`vcdl story {run} --epoch {worst['epoch']}`.",
         ]
     return lines
 
