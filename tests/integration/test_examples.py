@@ -9,6 +9,7 @@ printed by the CLI.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -31,7 +32,14 @@ def test_mnist1d_examples_reach_95_percent(prefect_api: None, tmp_path: Path, ex
 
     cfg = load_config(REPO / "examples" / example)
     assert cfg.merge.rule == ("vc_asgd" if example == "mnist1d.toml" else "delta")
-    summary = api.train(cfg, home=tmp_path)
+    readme_run = os.environ.get("VCDL_README_RUN")
+    if example == "mnist1d.toml" and readme_run:
+        # CI trained this example with the README's first command just before
+        # the tests (.ci/run keeps its summary): check that run, not a second one.
+        summary = json.loads(Path(readme_run).read_text())
+        assert summary["run"] == cfg.run.name and summary["epochs"] == cfg.run.epochs, summary
+    else:
+        summary = api.train(cfg, home=tmp_path)
     assert summary["state"] == "completed"
     curve = [h["test_accuracy"] for h in summary["history"]]
     print(example, curve)
