@@ -74,8 +74,12 @@ def prepare_prefect(home: Path) -> None:
     Must run before ``prefect`` is imported; a user's own ``PREFECT_*``
     settings or profile always win. Prefect's temporary API server, when one
     is needed, then starts out of the terminal's Ctrl-C and stops with this
-    process (:mod:`flows.workarounds.api_server`).
+    process (:mod:`flows.workarounds.api_server`). A home on a disk without room
+    for Prefect's database is refused first (:func:`vcdl.diskfull.room_for_run`).
     """
+    from vcdl.diskfull import room_for_run
+
+    room_for_run(home)
     _prefect_home(home)
     from flows.workarounds.api_server import install
 

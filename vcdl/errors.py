@@ -145,6 +145,15 @@ class LeaseLost(LedgerError):
     """
 
 
+class DiskFull(VcdlError, OSError):
+    """A disk (or a quota) ran out under the store, the ledger or a log (vcdl/diskfull.py).
+
+    Exit code 2: nothing vcdl can retry; free space, or give it another disk.
+    """
+
+    exit_code = 2
+
+
 class ClusterUnreachable(VcdlError, ConnectionError):
     """No Dask scheduler answered at the configured ``cluster.address``."""
 

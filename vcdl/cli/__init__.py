@@ -18,7 +18,8 @@ errors), :mod:`.json_output` (``--json``: one document on stdout) and
 parsing and printing is in :mod:`vcdl.api` and :mod:`vcdl.views`.
 
 Exit codes: 0 success, 1 failure at run time (or audit violations), 2 bad
-input (config, data set, model, unknown run), 130 interrupted (Ctrl-C), 143
+input (config, data set, model, unknown run) or a full disk
+(:mod:`vcdl.diskfull`, whatever wrote), 130 interrupted (Ctrl-C), 143
 terminated (SIGTERM: a spot notice, ``docker stop``; :mod:`vcdl.termination`).
 """
 
@@ -71,6 +72,16 @@ def _fail(message: str, code: int, as_json: bool = False, kind: str = "Error") -
     raise SystemExit(code)
 
 
+def _fail_if_disk_full(exc: BaseException, args: argparse.Namespace, as_json: bool) -> None:
+    """A full disk behind ``exc``, whoever wrote: its one line, exit 2 (not a traceback)."""
+    from vcdl.diskfull import disk_full
+
+    run = getattr(args, "resumable", None) or getattr(args, "run", None)
+    full = disk_full(exc, run if args.command in ("train", "resume") else None)
+    if full is not None:
+        _fail(str(full), full.exit_code, as_json, "DiskFull")
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     return COMMANDS[args.command](args)
 
@@ -93,6 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # pipe here, not in the interpreter's own flush at exit.
         sys.stdout.flush()
     except VcdlError as exc:
+        _fail_if_disk_full(exc, args, as_json)
         _fail(str(exc), exc.exit_code, as_json, type(exc).__name__)
     except KeyboardInterrupt as exc:
         # Only a run has something to resume (`vcdl serve` or `vcdl chaos` do not).
@@ -113,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise SystemExit(141) from None
     except Exception as exc:
+        _fail_if_disk_full(exc, args, as_json)
         if not as_json:
             raise  # the traceback, as ever
         # A bug or an unforeseen failure: still one document, exit 1 as a traceback has.

@@ -10,6 +10,7 @@ from vcdl.chaos import DEFAULT_START
 from vcdl.cli.parser import WORKERS, Parser, checked_name
 from vcdl.cli.runs import print_summary
 from vcdl.config_files import writable_home
+from vcdl.diskfull import room_for_run
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -122,6 +123,7 @@ def train_command(args: argparse.Namespace) -> int:
 
     _check_chaos(args)
     home = writable_home(args.home)
+    room_for_run(home)  # before a built-in data set is made, or Prefect starts
     cfg = api.resolve(
         args.config,
         run_name=checked_name("--run", args.run, "run"),
@@ -137,6 +139,7 @@ def resume_command(args: argparse.Namespace) -> int:
 
     _check_chaos(args)
     home = writable_home(args.home)
+    room_for_run(home)  # before a built-in data set is made, or Prefect starts
     recorded = api.recorded_config(args.run, home=args.home, ledger_url=args.ledger)
     cfg = api.resolve(recorded, workers=args.workers, overrides=_port(args), home=home)
     return _run(args, cfg, home)
