@@ -116,6 +116,10 @@ def test_rejections_failures_duplicates_and_a_closed_subtask() -> None:
     assert story.events[1].detail == "10 samples, NaN in conv1.weight"
     assert story.events[-1].detail == sub.reason and story.events[-1].seconds == 12.0
     assert story.attempts == 5  # the rows, where the subtask's count lags
+    # An exception's message over two lines is told on one.
+    two_lines = attempt(1, "failed", 0, 1, reason="ValueError: bad\n  at line 2")
+    line = timeline(tell(sub, [two_lines], None, T0), "r")[2]
+    assert line.endswith("#1 failed      10.0.0.1:4000  ValueError: bad   at line 2")
 
 
 def test_a_folded_version_is_not_told_as_pruned_later() -> None:
@@ -187,7 +191,7 @@ def test_any_history_is_told_in_order_with_every_attempt(
         assert merge.attempt == merged.number and merged.state == "merged"
     lines = timeline(story, "r", width)
     assert len(lines) == 1 + max(len(story.events), 1)
-    assert all(len(line) <= width for line in lines)
+    assert all(len(line) <= width and line.isprintable() for line in lines)
 
 
 def test_offsets_and_worker_names() -> None:
@@ -260,8 +264,10 @@ def test_the_prefect_summary_names_the_story_commands() -> None:
 # -- against a real ledger, through the command line ------------------------------------
 
 
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A home whose ledger has run r (a killed and reissued subtask) and run empty; read only."""
+    tmp_path = tmp_path_factory.mktemp("story")
     with Ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:
         ledger.create_run("r", json.dumps({"run": {"epochs": 5}}), "r/v0", "s0")
         ledger.create_run("empty", json.dumps({}), "e/v0", "s0")
@@ -322,8 +328,8 @@ def test_vcdl_story_prints_a_timeline_a_listing_and_json(
     ("args", "message"),
     [
         (["nope"], "no run 'nope' in ledger"),
-        (["r", "--epoch", "7"], "run 'r' has no epoch 7: its epochs are 0-1 (of 5)"),
-        (["r", "--epoch", "-1"], "run 'r' has no epoch -1: its epochs are 0-1 (of 5)"),
+        (["r", "--epoch", "7"], "run 'r' has no epoch 7: its epochs are 0-1 (5 planned)"),
+        (["r", "--epoch", "-1"], "run 'r' has no epoch -1: its epochs are 0-1 (5 planned)"),
         (["r", "--epoch", "1", "--shard", "2"], "epoch 1 of run 'r' has no shard 2: its shards"),
         (["r", "--shard", "9"], "run 'r' has no shard 9: its shards are 0-1"),
         (["empty"], "run 'empty' has no subtasks yet: no epoch has started"),

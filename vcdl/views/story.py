@@ -280,7 +280,7 @@ def check_selection(
 ) -> None:
     """Raise :class:`SubtaskNotFound`, naming what exists, if ``epoch`` or ``shard`` is
     not among ``subtasks`` (the run's, all of them, or ``epoch``'s)."""
-    planned = f" (of {epochs})" if epochs is not None else ""
+    planned = f" ({epochs} planned)" if epochs is not None else ""
     if not subtasks:
         raise SubtaskNotFound(
             f"run {run!r} has no subtasks yet: no epoch has started{planned}"

@@ -70,7 +70,9 @@ def short_worker(worker: str | None, width: int = _WORKER) -> str:
 
 
 def fit(line: str, width: int | None) -> str:
-    """``line`` cut to ``width`` characters, the cut marked with "…"."""
+    """``line`` on one line (a reason may span several: an exception's message), cut to
+    ``width`` characters, the cut marked with "…"."""
+    line = "".join(c if c.isprintable() else " " for c in line)
     if width is None or len(line) <= width:
         return line
     return line[: width - 1].rstrip() + "…"
