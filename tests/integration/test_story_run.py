@@ -21,7 +21,7 @@ from vcdl.config import parse_config
 from vcdl.views.artifacts import artifact_key
 from vcdl.views.story import read_story
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.alone]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.alone]
 
 RUN = "kill-story"
 
