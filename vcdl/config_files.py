@@ -112,25 +112,36 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     or a device would block or never end).
     """
     path = Path(path)
+    shown = _clip(str(path))
     try:
         if not path.is_file():
             what = "not found" if not path.exists() else "is not a regular file (a TOML file)"
-            raise ConfigError(f"config file {path} {what}")
+            raise ConfigError(f"config file {shown} {what}")
         with path.open("rb") as f:
             raw = f.read(CONFIG_MAX_BYTES + 1)
         if len(raw) > CONFIG_MAX_BYTES:
             raise ConfigError(
-                f"config file {path} is over {CONFIG_MAX_BYTES >> 20} MiB: not a config"
+                f"config file {shown} is over {CONFIG_MAX_BYTES >> 20} MiB: not a config"
             )
         text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+        # An OSError's text repeats the path (5,000 characters, for one).
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"cannot read config file {shown}: {why}") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        raise ConfigError(f"config file {shown} is not valid TOML: {exc}") from None
     except RecursionError:
-        raise ConfigError(f"config file {path} nests tables too deeply to be a config") from None
+        raise ConfigError(f"config file {shown} nests tables too deeply to be a config") from None
+
+
+def _clip(text: str, most: int = 200) -> str:
+    """``text`` cut in the middle to at most ``most`` characters: a path a message repeats."""
+    if len(text) <= most:
+        return text
+    half = (most - 3) // 2
+    return f"{text[:half]}...{text[-half:]}"
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:

@@ -1,4 +1,9 @@
-"""Issue 54: mutated .npz, Arrow and Parquet files are imported or refused in one line, never more.
+"""Issue 54: mutated .npz, Arrow, Parquet and text files are imported or refused in one line.
+
+Text (hypothesis, a fixed draw of 120 in the default suite): any bytes, odd
+encodings (UTF-16/32 with BOMs, Latin-1, NULs, CRLF), a few bytes changed,
+any context (to 2**80) and test fraction (NaN, 0, 1, infinities); a refusal
+leaves nothing in the store.
 
 Seeded byte flips, truncations and splices of small valid files; every
 outcome is a data set or a :class:`~vcdl.errors.DataError` (the CLI's exit
@@ -13,6 +18,8 @@ this seed) until every table was validated whole before use.
 from __future__ import annotations
 
 import io
+import itertools
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,8 +28,10 @@ import pyarrow as pa
 import pyarrow.ipc
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from vcdl.data import import_npz, import_table
+from vcdl.data import import_npz, import_table, import_text
 from vcdl.errors import DataError
 from vcdl.store import WeightStore
 
@@ -111,3 +120,92 @@ def test_a_mutated_file_is_imported_or_refused_in_one_line(
         except DataError as exc:
             assert "\n" not in str(exc), str(exc)
         path.unlink()
+
+
+# --------------------------------------------------------------------------
+# Text: mutated bytes, odd encodings, any --context and --test-fraction
+# --------------------------------------------------------------------------
+
+_PROSE = "The quick brown fox jumps over the lazy dog. Ça va? Grüße, 東京.\n" * 8
+
+# Texts as a user's files hold them: encodings with and without BOMs, binary
+# junk, line endings, NULs, a single byte, nothing at all.
+texts = st.one_of(
+    st.sampled_from(
+        [
+            b"",
+            b"\n",
+            b"a",
+            b"\x00" * 300,
+            _PROSE.encode("utf-8"),
+            _PROSE.encode("utf-8-sig"),
+            _PROSE.encode("utf-16"),
+            _PROSE.encode("utf-32"),
+            _PROSE.encode("latin-1", errors="replace"),
+            _PROSE.replace("\n", "\r\n").encode(),
+            bytes(range(256)) * 4,
+        ]
+    ),
+    st.binary(max_size=2000),
+    st.text(max_size=500).map(lambda t: t.encode("utf-8", errors="surrogatepass")),
+)
+contexts = st.one_of(
+    st.integers(min_value=-3, max_value=600),
+    st.sampled_from([2**31, 2**63 - 1, 2**63, 10**19, 2**80]),
+)
+fractions = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, 1.0, -0.0, 5e-324, 0.5, 0.9999999, 1e-9]),
+)
+
+
+_NAMES = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def text_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[WeightStore, Path]:
+    folder = tmp_path_factory.mktemp("text-fuzz")
+    return WeightStore(str(folder / "store")), folder
+
+
+# VCDL_FUZZ_EXAMPLES=3000 explores further, a new random draw each run.
+EXAMPLES = int(os.environ.get("VCDL_FUZZ_EXAMPLES", "0")) or None
+
+
+@settings(
+    max_examples=EXAMPLES or 120,
+    deadline=None,
+    derandomize=EXAMPLES is None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    text=texts,
+    flips=st.lists(st.integers(0, 2**16), max_size=4),
+    context=contexts,
+    fraction=fractions,
+)
+def test_a_text_of_any_bytes_and_context_is_imported_or_one_line_and_nothing_written(
+    text_store: tuple[WeightStore, Path],
+    text: bytes,
+    flips: list[int],
+    context: int,
+    fraction: float,
+) -> None:
+    store, folder = text_store
+    data = bytearray(text)
+    for f in flips:  # a few bytes of the text changed
+        if data:
+            data[f % len(data)] = f & 0xFF
+    path = folder / "input.txt"
+    path.write_bytes(bytes(data))
+    name = f"t{next(_NAMES)}"
+    try:
+        info = import_text(store, path, name, context=context, test_fraction=fraction)
+    except DataError as exc:
+        assert "\n" not in str(exc) and len(str(exc)) < 1000, str(exc)
+        # Refused: nothing in the store, not even a partial group.
+        assert name not in store.list("datasets"), store.list(f"datasets/{name}")
+        return
+    assert name in store.list("datasets")  # what a refusal is checked against
+    assert info.splits["train"].rows >= 1 and info.splits["test"].rows >= 1
+    assert info.hints["context_length"] == context

@@ -10,6 +10,7 @@ command to its handler, and :func:`main` runs it:
 - :mod:`.export`: ``export``, ``evaluate``
 - :mod:`.serve`: ``serve``
 - :mod:`.data`: ``data make``, ``data import``, ``data list``
+- :mod:`.fleet`: ``fleet check``
 - :mod:`.completion`: ``completion`` and the shell scripts it writes
 
 and beside them :mod:`.parser` (the parser, its shared options, its usage
@@ -32,13 +33,16 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from vcdl.cli import chaos, completion, data, export, runs, serve, train
+from vcdl.cli import chaos, completion, data, export, fleet, runs, serve, train
 from vcdl.cli.json_output import error_document, json_mode, wants_json
 from vcdl.cli.parser import UsageError, build_parser
 from vcdl.errors import VcdlError
 from vcdl.termination import TERMINATED_EXIT, Terminated, sigterm_as_interrupt
 
 __all__ = ["COMMANDS", "main"]
+
+#: The most characters an error's line shows; a longer one is cut in its middle.
+MESSAGE_MAX = 1000
 
 #: Each command's handler: it returns the exit code.
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -55,6 +59,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "evaluate": export.evaluate_command,
     "serve": serve.serve_command,
     "data": data.data_command,
+    "fleet": fleet.fleet_command,
     "completion": completion.completion_command,
 }
 
@@ -65,6 +70,10 @@ def _fail(message: str, code: int, as_json: bool = False, kind: str = "Error") -
     # Any URL in the message is shown redacted, wherever the error came from, and
     # on one line: a driver's message (psycopg's, say) may span several.
     shown = " ".join(line.strip() for line in redact_text(message).splitlines() if line.strip())
+    if len(shown) > MESSAGE_MAX:
+        # Whatever a message echoes (a 5,000-character argument), the line stays readable.
+        cut = (MESSAGE_MAX - 5) // 2
+        shown = f"{shown[:cut]} ... {shown[-cut:]}"
     if as_json:
         print(error_document(kind, shown, code), file=sys.stderr)
     else:

@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from vcdl.cli.json_output import report
-from vcdl.cli.parser import Parser, checked_name
+from vcdl.cli.parser import SAMPLES, Parser, checked_name
 from vcdl.config_files import writable_home
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ def add_parsers(sub: Subparsers, parents: Parents) -> None:
     mk = dsub.add_parser("make", parents=[store_opt], help="generate a built-in data set")
     mk.add_argument("kind", choices=["digits", "mnist1d", "pytext"])
     mk.add_argument("--name", help="data set name (default: the kind)")
-    mk.add_argument("--samples", type=int, default=40_000, help="mnist1d samples")
+    mk.add_argument("--samples", type=SAMPLES, default=40_000, help="mnist1d samples")
     mk.add_argument(
         "--context", type=int, default=128, help="pytext: tokens of context per row (128)"
     )

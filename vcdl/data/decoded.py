@@ -140,11 +140,22 @@ def refuse_over_limit(what: str, decoded: int, encoded: int | None = None) -> No
         )
 
 
+def unreadable_path(p: Path, exc: OSError) -> DataError:
+    """The error for a path the system refuses to look at (too long, no permission, a loop)."""
+    shown = str(p) if len(str(p)) <= 200 else f"{str(p)[:97]}...{str(p)[-100:]}"
+    return DataError(f"cannot import {shown}: {exc.strerror or exc}; give a path you can read")
+
+
 def regular_file(p: Path) -> None:
     """Refuse a path that is not a regular file (missing, a folder, a FIFO, a device)."""
-    if p.is_file():
-        return
-    if not p.exists():
+    try:
+        # is_file() raises for a name too long or a folder it may not enter.
+        if p.is_file():
+            return
+        exists = p.exists()
+    except OSError as exc:
+        raise unreadable_path(p, exc) from None
+    if not exists:
         raise DataError(f"cannot import {p}: file not found")
     raise DataError(
         f"cannot import {p}: not a regular file (a folder, FIFO or device cannot be imported "

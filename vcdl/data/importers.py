@@ -45,6 +45,7 @@ from vcdl.data.decoded import (
     read_npy_member,
     refuse_over_limit,
     regular_file,
+    unreadable_path,
 )
 from vcdl.errors import DataError
 
@@ -253,15 +254,28 @@ def text_splits(
 
 
 def _text_files(p: Path, pattern: str) -> list[Path]:
-    if p.is_file():
-        return [p]
-    if p.is_dir():
-        # Regular files only: a FIFO or a device named *.txt would block or never end.
-        files = sorted(f for f in p.rglob(pattern) if f.is_file())
-        if not files:
-            raise DataError(f"cannot import {p}: no file matches {pattern!r} in the folder")
-        return files
-    if p.exists():
+    try:
+        if p.is_file():
+            return [p]
+        if p.is_dir():
+            # Regular files only: a FIFO or a device named *.txt would block or never end.
+            files = sorted(f for f in p.rglob(pattern) if f.is_file())
+            if not files:
+                raise DataError(
+                    f"cannot import {p}: no file matches {pattern[:100]!r} in the folder"
+                )
+            return files
+        exists = p.exists()
+    except DataError:
+        raise
+    except OSError as exc:  # a name too long, a folder it may not enter
+        raise unreadable_path(p, exc) from None
+    except (ValueError, NotImplementedError) as exc:  # a pattern pathlib refuses (absolute)
+        raise DataError(
+            f"cannot import {p}: --pattern {pattern[:100]!r} cannot be used ({exc}); give a "
+            "relative pattern such as *.txt"
+        ) from None
+    if exists:
         raise DataError(
             f"cannot import {p}: not a regular file or a folder (a FIFO or a device cannot be "
             "imported); give a file or a folder of them"
