@@ -10,6 +10,7 @@ command to its handler, and :func:`main` runs it:
 - :mod:`.export`: ``export``, ``evaluate``
 - :mod:`.serve`: ``serve``
 - :mod:`.data`: ``data make``, ``data import``, ``data list``
+- :mod:`.fleet`: ``fleet check``
 - :mod:`.completion`: ``completion`` and the shell scripts it writes
 
 and beside them :mod:`.parser` (the parser, its shared options, its usage
@@ -32,7 +33,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from vcdl.cli import chaos, completion, data, export, runs, serve, train
+from vcdl.cli import chaos, completion, data, export, fleet, runs, serve, train
 from vcdl.cli.json_output import error_document, json_mode, wants_json
 from vcdl.cli.parser import UsageError, build_parser
 from vcdl.errors import VcdlError
@@ -58,6 +59,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "evaluate": export.evaluate_command,
     "serve": serve.serve_command,
     "data": data.data_command,
+    "fleet": fleet.fleet_command,
     "completion": completion.completion_command,
 }
 

@@ -107,7 +107,7 @@ class Parents:
 
 def build_parser() -> argparse.ArgumentParser:
     # Here, not at the top: the command modules import this module's classes.
-    from vcdl.cli import chaos, completion, data, export, runs, serve, train
+    from vcdl.cli import chaos, completion, data, export, fleet, runs, serve, train
 
     common = Parser(add_help=False)
     common.add_argument(
@@ -125,5 +125,6 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_parsers(sub, parents)
     serve.add_parsers(sub, parents)
     data.add_parsers(sub, parents)
+    fleet.add_parsers(sub, parents)
     completion.add_parsers(sub, parents)
     return p
