@@ -220,7 +220,10 @@ def test_without_a_scheduler_it_says_so_in_one_line(capsys: pytest.CaptureFixtur
     with pytest.raises(SystemExit) as exc:
         main(["fleet", "check"])
     assert exc.value.code == 2
-    assert capsys.readouterr().err.strip().startswith("vcdl: error: fleet check needs a scheduler")
+    assert capsys.readouterr().err.strip() == (
+        "vcdl: error: fleet check needs a scheduler: give --address tcp://10.0.0.5:8786 "
+        "or a CONFIG whose cluster.address names one"
+    )
 
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))

@@ -59,7 +59,7 @@ def fleet_command(args: argparse.Namespace) -> int:
     address = args.address or (cfg.cluster.address if cfg else None)
     if not address:
         raise ConfigError(
-            "fleet check needs a scheduler: give its address (--address tcp://10.0.0.5:8786), "
+            "fleet check needs a scheduler: give --address tcp://10.0.0.5:8786 "
             "or a CONFIG whose cluster.address names one"
         )
     if not 0 <= args.max_skew < 86400:
