@@ -60,6 +60,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--runslow", action="store_true", help="also run tests marked slow")
+    parser.addoption(
+        "--runlong", action="store_true", help="also run tests marked long (implies --runslow)"
+    )
 
 
 def _unit_first(item: pytest.Item) -> bool:
@@ -72,8 +75,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # Dask integration tests leave in this process (a console test that times
     # threads failed once in CI that way, after the integration tests).
     items.sort(key=_unit_first)
-    # CI runs everything; a laptop runs the fast suite unless asked.
-    if config.getoption("--runslow") or os.environ.get("CI", "").lower() == "true":
+    # The acceptance runs of several minutes each (docs/testing.md, "long"):
+    # only when asked, CI included, which keeps CI within its time.
+    run_long = config.getoption("--runlong") or os.environ.get("VCDL_LONG", "") == "1"
+    if not run_long:
+        skip_long = pytest.mark.skip(reason="long: run with --runlong or VCDL_LONG=1")
+        for item in items:
+            if "long" in item.keywords:
+                item.add_marker(skip_long)
+    # CI runs the slow tests; a laptop runs the fast suite unless asked.
+    if run_long or config.getoption("--runslow") or os.environ.get("CI", "").lower() == "true":
         return
     skip = pytest.mark.skip(reason="slow: run with --runslow (CI runs it)")
     for item in items:

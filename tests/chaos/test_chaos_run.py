@@ -30,7 +30,15 @@ from vcdl.views.audit import audit_run
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "mnist1d.toml"
 
-pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(1800), pytest.mark.alone]
+# long: 4-9 minutes (two 10-epoch runs); CI's chaos is the fencing trials, the
+# soak benchmark's --quick and the killed-driver merge tests (docs/testing.md).
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.long,
+    pytest.mark.chaos,
+    pytest.mark.timeout(1800),
+    pytest.mark.alone,
+]
 
 
 def test_chaos_run_matches_fault_free(prefect_api: None, tmp_path: Path) -> None:

@@ -46,6 +46,8 @@ def test_mnist1d_examples_reach_95_percent(prefect_api: None, tmp_path: Path, ex
     assert summary["test_accuracy"] >= 0.95, curve
 
 
+# long: 3.5-6 minutes; a GPT on causal_lm runs in CI in test_integer_data.
+@pytest.mark.long
 def test_tinylm_beats_the_unigram_entropy_by_a_nat_within_10_minutes(tmp_path: Path) -> None:
     vcdl = [sys.executable, "-m", "vcdl.cli"]
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
