@@ -31,6 +31,7 @@ from flows.workarounds.forkserver import forked_workers
 from flows.workarounds.warmup import WarmupPlugin
 from flows.workarounds.watchdog import ClusterWatchdog
 from vcdl.config import RunConfig
+from vcdl.dask_tls import client_tls_problem, handshake_refused
 from vcdl.errors import ClusterUnreachable, ConfigError, ModelError
 from vcdl.reach import local_resources_problem, no_scheduler, scheduler_unreachable
 from vcdl.runcode import run_specs
@@ -155,11 +156,17 @@ def dask_cluster(cfg: RunConfig) -> Iterator[str]:
         # Before the first client: a run started without the CLI's check (a
         # deployment, the API) says what is wrong at once, not after Dask's
         # connect timeout in a traceback.
+        tls_problem = client_tls_problem(cfg.cluster.address)
+        if tls_problem is not None:
+            raise ConfigError(tls_problem)
         problem = scheduler_unreachable(cfg.cluster.address)
         if problem is None:
             try:
                 register_worker_plugins(cfg.cluster.address)
             except OSError as exc:
+                refused = handshake_refused(cfg.cluster.address, exc)
+                if refused:
+                    raise ClusterUnreachable(refused) from None
                 problem = str(exc)
         if problem is not None:
             raise ClusterUnreachable(no_scheduler(cfg.cluster.address, f"({problem})"))

@@ -296,6 +296,11 @@ def check_scheduler(address: str, timeout: float = 20.0) -> None:
     problem = scheduler_address_problem(address)
     if problem:
         raise ConfigError(f"bad scheduler address {address[:200]!r}: {problem}")
+    from vcdl.dask_tls import client_tls_problem, handshake_refused
+
+    problem = client_tls_problem(address)
+    if problem:
+        raise ConfigError(problem)
     unreachable = scheduler_unreachable(address, timeout)
     if unreachable:
         raise ConfigError(no_scheduler(address, f"({unreachable})"))
@@ -305,6 +310,9 @@ def check_scheduler(address: str, timeout: float = 20.0) -> None:
         with Client(address, timeout=timeout, set_as_default=False):
             pass
     except (OSError, TimeoutError) as exc:
+        refused = handshake_refused(address, exc)
+        if refused:
+            raise ConfigError(refused) from None
         detail = f"within {timeout:.0f} s ({type(exc).__name__})"
         raise ConfigError(no_scheduler(address, detail)) from None
 
