@@ -142,6 +142,10 @@ def test_batches_split_a_tensor_larger_than_a_batch_into_rows(store: WeightStore
 def test_rows_read_in_batches_are_the_whole_state(
     backend: Backend, store: WeightStore, limit: int
 ) -> None:
+    if backend.kind == "s3" and limit == 1:
+        # 2,200 single-row reads are 2,200 GETs (75 s under load) of what the
+        # local backend proves: the batching is the store's, not the backend's.
+        pytest.skip("row by row on S3 proves what local does; 300KB reads S3")
     state = mixed_state()
     store.write_state("v", state)
     reader = store.reader("v")
