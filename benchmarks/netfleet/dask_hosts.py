@@ -50,18 +50,25 @@ def wait_for_port(
     raise TimeoutError(f"{what}: nothing listens on {host}:{port} after {timeout:.0f}s")
 
 
-def start_scheduler(fleet: Fleet, env: Mapping[str, str], timeout: float = 60) -> str:
-    """``dask scheduler`` on loopback, carried to the hosts; the address every side uses."""
+def start_scheduler(
+    fleet: Fleet, env: Mapping[str, str], timeout: float = 60, tls: Sequence[str] = ()
+) -> str:
+    """``dask scheduler`` on loopback, carried to the hosts; the address every side uses.
+
+    ``tls``: the scheduler's ``--tls-*`` options; given, it speaks only TLS
+    (``tls://``), which the proxy carries as it carries any TCP stream.
+    """
     port = _free_port()
+    protocol = ["--protocol", "tls", *tls] if tls else []
     proc = fleet.run_root(
         [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
-         "--no-dashboard"],
+         "--no-dashboard", *protocol],
         env,
         "scheduler",
     )  # fmt: skip
     wait_for_port("127.0.0.1", port, proc, timeout, "dask scheduler")
     host, proxied = fleet.expose("scheduler", ("127.0.0.1", port))
-    return f"tcp://{host}:{proxied}"
+    return f"{'tls' if tls else 'tcp'}://{host}:{proxied}"
 
 
 def start_worker(
@@ -71,14 +78,19 @@ def start_worker(
     env: Mapping[str, str],
     options: Sequence[str] = ("--nthreads", "1"),
 ) -> subprocess.Popen[bytes]:
-    """One ``dask worker`` (a nanny and its worker) on ``host``, named after it."""
+    """One ``dask worker`` (a nanny and its worker) on ``host``, named after it.
+
+    It listens with the scheduler's protocol (``tls://`` takes its ``--tls-*``
+    files in ``options``).
+    """
     h = fleet.hosts[host]
+    scheme = scheduler.split("://", 1)[0] if "://" in scheduler else "tcp"
     contact_host, contact_port = fleet.expose_host_port(host, WORKER_PORT)
     argv = [
         str(BIN / "dask"), "worker", scheduler,
         "--nworkers", "1", "--no-dashboard", "--name", host,
-        "--listen-address", f"tcp://{h.address}:{WORKER_PORT}",
-        "--contact-address", f"tcp://{contact_host}:{contact_port}",
+        "--listen-address", f"{scheme}://{h.address}:{WORKER_PORT}",
+        "--contact-address", f"{scheme}://{contact_host}:{contact_port}",
         "--nanny-port", str(NANNY_PORT),
         "--local-directory", "/tmp/dask",  # the host's own tmpfs
         *options,
