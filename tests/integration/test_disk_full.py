@@ -94,6 +94,9 @@ def test_an_import_that_fills_the_disk_is_one_line(
     line = _one_line(code, err)
     assert line.startswith("vcdl: error: the disk is full (no space left on device"), err
     assert "free space on it and run the command again" in line and "--home" in line, err
+    # Nor is half a data set left taking the space (it was, before).
+    datasets = small_disk / "home" / "store" / "datasets"
+    assert not (datasets / "big").exists(), sorted(p.name for p in datasets.iterdir())
     code, out, err = _run([*argv, "--json"], capsys)
     assert code == 2 and out == "", out
     assert json.loads(err)["error"]["type"] == "DiskFull"

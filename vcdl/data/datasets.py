@@ -31,6 +31,7 @@ change together and are read together.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import operator
@@ -71,6 +72,8 @@ class DatasetStore(Protocol):
     def uri(self, path: str) -> str: ...
 
     def shown(self, path: str = "") -> str: ...
+
+    def delete(self, path: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -300,16 +303,30 @@ def write_arrays(
         hints=dict(hints or {}),
         stats={k: float(v) for k, v in (stats or {}).items()},
     )
+    try:
+        _write_group(store, name, arrays, info)
+    except BaseException:
+        # A write cut short (a full disk, Ctrl-C) leaves no half data set, which
+        # no reader saw (no "complete") and nothing else would remove.
+        with contextlib.suppress(Exception):
+            store.delete(_group_path(name))
+        raise
+    return info
+
+
+def _write_group(
+    store: DatasetStore, name: str, arrays: dict[str, dict[str, np.ndarray]], info: DatasetInfo
+) -> None:
     group = store.open_group(_group_path(name), mode="w")
     for split, fields in arrays.items():
-        chunk = infos[split].rows_per_chunk
+        chunk = info.splits[split].rows_per_chunk
         for f, a in fields.items():
             group.create_array(f"{split}/{f}", data=a, chunks=(chunk, *a.shape[1:]))
     group.update_attributes(
         {
             "format": FORMAT,
             "name": name,
-            "source": source,
+            "source": info.source,
             "created_at": dt.datetime.now(dt.UTC).isoformat(),
             "fingerprint": info.fingerprint,
             "hints": info.hints,
@@ -322,13 +339,12 @@ def write_arrays(
                         f: {"dtype": a.dtype, "shape": list(a.shape)} for f, a in i.arrays.items()
                     },
                 }
-                for s, i in infos.items()
+                for s, i in info.splits.items()
             },
         }
     )
     # Last: until this lands, readers see no data set (zarr has no rename).
     group.update_attributes({"complete": True})
-    return info
 
 
 def write_dataset(
