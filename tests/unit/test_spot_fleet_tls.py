@@ -12,10 +12,13 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from tests.spotfleetdoc import CA_FILE, SCHEDULER, TLS_DIR, Command, commands, config_text
 from tests.tlscerts import Leaf
 from tests.tlsservers import dask_client_env, prefect_argv, scheduler_argv, worker_argv
 from vcdl.config import parse_config
+from vcdl.errors import ConfigError
 
 
 def _leaf(name: str) -> Leaf:
@@ -64,3 +67,13 @@ def test_the_run_config_is_valid_and_uses_tls_everywhere() -> None:
     assert str(cfg.store.storage_options["endpoint_url"]).startswith("https://")
     assert cfg.ledger.url is not None
     assert cfg.ledger.url.endswith(f"?sslmode=verify-full&sslrootcert={CA_FILE}")
+
+
+def test_the_ledger_urls_tls_files_are_allowed_and_a_key_passphrase_is_not() -> None:
+    """Paths are no secrets (they are recorded with the config); libpq's sslpassword is."""
+    base = "postgresql+psycopg://vcdl@db.internal:5432/vcdl?sslmode=verify-full"
+    files = f"&sslrootcert={CA_FILE}&sslcert={TLS_DIR}/client.pem&sslkey={TLS_DIR}/client-key.pem"
+    assert parse_config({"ledger": {"url": base + files}}).ledger.url == base + files
+    with pytest.raises(ConfigError) as info:
+        parse_config({"ledger": {"url": base + files + "&sslpassword=Key-Passphrase-1"}})
+    assert "sslpassword" in str(info.value) and "Key-Passphrase-1" not in str(info.value)
