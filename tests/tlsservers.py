@@ -5,7 +5,7 @@ Each runs on loopback with a certificate of the test's CA (tests/tlscerts.py).
 The processes started here are their own process groups, killed with the
 test process too (``PR_SET_PDEATHSIG``), and stopped by group when the
 context ends. moto runs in this process: its HTTPS server is moto's own
-threaded server given an SSL context.
+threaded server given an SSL context (moto is imported only there).
 """
 
 from __future__ import annotations
@@ -20,23 +20,17 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-
-from moto.moto_server.threaded_moto_server import ThreadedMotoServer
-from moto.moto_server.werkzeug_app import (
-    DomainDispatcherApplication,
-    MotoRequestHandler,
-    create_backend_app,
-)
-from werkzeug.serving import make_server
+from typing import Protocol
 
 from tests.ports import free_port
 from tests.tlscerts import Leaf
 
 __all__ = [
-    "HttpsMotoServer",
     "Process",
+    "S3Server",
     "dask_client_env",
     "dask_worker",
+    "https_moto",
     "prefect_argv",
     "prefect_server",
     "scheduler_argv",
@@ -48,30 +42,49 @@ __all__ = [
 BIN = Path(sys.executable).parent
 
 
-class HttpsMotoServer(ThreadedMotoServer):
-    """moto's threaded S3 server, serving HTTPS with ``leaf``."""
+class S3Server(Protocol):
+    """An S3 endpoint the test started: its URL, and how to stop it."""
 
-    def __init__(self, leaf: Leaf) -> None:
-        super().__init__(ip_address="127.0.0.1", port=0, verbose=False)
-        self._leaf = leaf
+    url: str
 
-    def _server_entry(self) -> None:
-        app = DomainDispatcherApplication(create_backend_app)
-        self._server = make_server(
-            self._ip_address,
-            self._port,
-            app,
-            True,
-            request_handler=MotoRequestHandler,
-            ssl_context=(str(self._leaf.cert), str(self._leaf.key)),
-        )
-        self._server_ready_event.set()
-        self._server.serve_forever()
+    def start(self) -> None: ...
 
-    @property
-    def url(self) -> str:
-        host, port = self.get_host_and_port()
-        return f"https://{host}:{port}"
+    def stop(self) -> None: ...
+
+
+def https_moto(leaf: Leaf) -> S3Server:
+    """moto's threaded S3 server on a free loopback port, serving HTTPS with ``leaf``.
+
+    moto is imported here: the unit tests that read this module's commands need none.
+    """
+    from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import make_server
+
+    class HttpsMotoServer(ThreadedMotoServer):
+        def _server_entry(self) -> None:
+            app = DomainDispatcherApplication(create_backend_app)
+            self._server = make_server(
+                self._ip_address,
+                self._port,
+                app,
+                True,
+                request_handler=MotoRequestHandler,
+                ssl_context=(str(leaf.cert), str(leaf.key)),
+            )
+            self._server_ready_event.set()
+            self._server.serve_forever()
+
+        @property
+        def url(self) -> str:
+            host, port = self.get_host_and_port()
+            return f"https://{host}:{port}"
+
+    return HttpsMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 
 
 def _die_with_parent() -> None:

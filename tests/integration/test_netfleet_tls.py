@@ -30,7 +30,7 @@ from benchmarks.netfleet.dask_hosts import start_scheduler, start_worker
 from tests.netfleetfixture import REPO, make_fleet
 from tests.pgssl import pg_binaries, ssl_postgres
 from tests.tlscerts import CA
-from tests.tlsservers import HttpsMotoServer, dask_client_env
+from tests.tlsservers import dask_client_env, https_moto
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone, pytest.mark.timeout(600)]
 
@@ -97,7 +97,7 @@ def test_a_short_run_on_two_hosts_with_tls_on_every_link(
         for host in ("a", "b"):
             start_worker(fleet, host, scheduler, host_env, ("--nthreads", "1", *flags(host)))
 
-        s3 = HttpsMotoServer(ca.issue("s3", ips=[gateway], dns=[]))
+        s3 = https_moto(ca.issue("s3", ips=[gateway], dns=[]))
         s3.start()
         pg_cert = ca.issue("pg", ips=[gateway], dns=[])
         try:

@@ -39,10 +39,10 @@ from tests.pgssl import SslPostgres, pg_binaries, ssl_postgres
 from tests.spotfleetdoc import CA_FILE, LEDGER, S3_ENDPOINT, SCHEDULER, config_text
 from tests.tlscerts import CA, Leaf
 from tests.tlsservers import (
-    HttpsMotoServer,
     Process,
     dask_client_env,
     dask_worker,
+    https_moto,
     prefect_server,
     tls_scheduler,
     wait_health,
@@ -128,7 +128,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     # Prefect first: its cold start is the longest wait, the rest starts meanwhile.
     with prefect_server(root / "prefect-server", AUTH_STRING, env) as (prefect_url, server):
         env["PREFECT_API_URL"] = prefect_url
-        moto = HttpsMotoServer(ca.issue("s3", ips=["127.0.0.1"], dns=[]))
+        moto = https_moto(ca.issue("s3", ips=["127.0.0.1"], dns=[]))
         moto.start()
         workers: list[Process] = []
         try:
