@@ -42,20 +42,20 @@ def _unreadable(path: str) -> str | None:
 def client_tls_problem(address: str) -> str | None:
     """What keeps the driver's Dask client from connecting to ``address``, or None.
 
-    For a ``tls://`` address: the CA file and the client certificate must be
+    For a ``tls://`` (or ``wss://``) address: the CA file and the client certificate must be
     set (the key may be in the certificate's file, as Dask allows), each
     named file readable, and together loadable as a certificate chain. For a
-    ``tcp://`` address while ``distributed.comm.require-encryption`` is on:
-    the address. Whether the scheduler accepts the certificate is the TLS
+    ``tcp://`` or ``ws://`` address while ``distributed.comm.require-encryption``
+    is on: the address. Whether the scheduler accepts the certificate is the TLS
     handshake's to say.
     """
     import dask
 
     scheme = address.split("://", 1)[0].lower() if "://" in address else "tcp"
-    if scheme != "tls":
-        if scheme == "tcp" and dask.config.get("distributed.comm.require-encryption", None):
+    if scheme not in ("tls", "wss"):  # wss: Dask's websockets take the same settings
+        if dask.config.get("distributed.comm.require-encryption", None):
             return (
-                f"distributed.comm.require-encryption is on but {address[:200]} is a tcp:// "
+                f"distributed.comm.require-encryption is on but {address[:200]} is a {scheme}:// "
                 "address: use the scheduler's tls:// address"
             )
         return None
@@ -63,9 +63,12 @@ def client_tls_problem(address: str) -> str | None:
     for key in _NEEDED:
         if not values[key]:
             return (
-                f"{address[:200]} is a tls:// address but Dask's {key} is not set: set "
+                f"{address[:200]} is a {scheme}:// address but Dask's {key} is not set: set "
                 f"{_SETTINGS[key]} (or {key} in a Dask config file) to a PEM file"
             )
+    if any("\n" in str(v) for v in values.values() if v):
+        # PEM text itself, as Dask also takes (Security.temporary's): no files to read.
+        return None
     for key, path in values.items():
         if path:
             why = _unreadable(os.path.expanduser(str(path)))

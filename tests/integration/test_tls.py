@@ -12,8 +12,8 @@ URL (``sslmode=verify-full&sslrootcert=``), the store's in
 ``store.storage_options.client_kwargs.verify``, the password from
 ``PGPASSWORD`` and the auth string from ``PREFECT_API_AUTH_STRING``.
 
-Everything runs on 127.0.0.1, not on the namespaced fleet
-(benchmarks/netfleet/): a run there takes minutes on this machine.
+Everything runs on 127.0.0.1; tests/integration/test_netfleet_tls.py runs
+Dask, the ledger and the store over TLS on the namespaced fleet.
 """
 
 from __future__ import annotations

@@ -53,6 +53,12 @@ def test_a_certificate_file_holding_its_key_passes(pki: tuple[CA, Leaf], tmp_pat
         assert client_tls_problem(ADDRESS) is None
 
 
+def test_pem_text_in_the_settings_is_left_to_dask(pki: tuple[CA, Leaf]) -> None:
+    ca, leaf = pki
+    with _tls(ca.cert.read_text(), leaf.cert.read_text(), leaf.key.read_text()):
+        assert client_tls_problem(ADDRESS) is None
+
+
 def test_tcp_addresses_need_nothing(pki: tuple[CA, Leaf]) -> None:
     assert client_tls_problem("tcp://10.0.0.11:8786") is None
     assert client_tls_problem("10.0.0.11:8786") is None
@@ -62,6 +68,11 @@ def test_tcp_while_encryption_is_required_names_the_setting() -> None:
     with dask.config.set({"distributed.comm.require-encryption": True}):
         problem = client_tls_problem("tcp://10.0.0.11:8786")
     assert problem is not None and "require-encryption" in problem and "tls://" in problem
+
+
+def test_wss_takes_the_same_settings() -> None:
+    problem = client_tls_problem("wss://10.0.0.11:8786")
+    assert problem is not None and "wss://" in problem and "ca-file" in problem
 
 
 @pytest.mark.parametrize("unset", ["ca", "cert"])
