@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import socket
 import subprocess
@@ -39,6 +38,7 @@ import pytest
 
 from benchmarks.cli_proc import kill_group
 from tests.ports import free_port
+from tests.procenv import clean_env
 from tests.s3fixture import S3_KEY, S3_SECRET, make_bucket
 
 # Under `pytest -n 2` this runs with no other test beside it (tests/lanes.py):
@@ -137,21 +137,12 @@ class Fleet:
 
 def _base_env() -> dict[str, str]:
     """The test's environment without any Prefect or vcdl setting leaking in."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("PREFECT_", "VCDL_", "DASK_", "AWS_"))
-    }
-    env.update(
+    return clean_env(
         AWS_ACCESS_KEY_ID=S3_KEY,
         AWS_SECRET_ACCESS_KEY=S3_SECRET,
-        OMP_NUM_THREADS="1",
         MKL_NUM_THREADS="1",
         OPENBLAS_NUM_THREADS="1",
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PYTHONUNBUFFERED="1",
     )
-    return env
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ import pytest
 from benchmarks.netfleet import LinkProfile
 from benchmarks.netfleet.dask_hosts import start_scheduler, start_worker
 from tests.netfleetfixture import REPO, make_fleet
+from tests.procenv import clean_env
 from tests.s3fixture import S3_KEY, S3_SECRET, make_bucket
 
 pytestmark = [
@@ -55,20 +56,11 @@ def _write_config(path: Path, sections: dict[str, dict[str, Any]]) -> None:
 
 
 def _env() -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("PREFECT_", "VCDL_", "DASK_", "AWS_"))
-    }
-    env.update(
+    return clean_env(
         AWS_ACCESS_KEY_ID=S3_KEY,
         AWS_SECRET_ACCESS_KEY=S3_SECRET,
-        OMP_NUM_THREADS="1",
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PYTHONUNBUFFERED="1",
         VCDL_ALLOW_IMPORTS=os.environ.get("VCDL_ALLOW_IMPORTS", ""),
     )
-    return env
 
 
 def test_a_short_run_on_two_hosts_over_slow_links(

@@ -29,6 +29,7 @@ from benchmarks.netfleet import LinkProfile
 from benchmarks.netfleet.dask_hosts import start_scheduler, start_worker
 from tests.netfleetfixture import REPO, make_fleet
 from tests.pgssl import pg_binaries, ssl_postgres
+from tests.procenv import DROPPED, clean_env
 from tests.tlscerts import CA
 from tests.tlsservers import dask_client_env, https_moto
 
@@ -51,17 +52,13 @@ def shared_pki() -> Iterator[Path]:
 
 
 def _env() -> dict[str, str]:
-    drop = ("PREFECT_", "VCDL_", "DASK_", "AWS_", "PG")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    return env | {
-        "AWS_ACCESS_KEY_ID": "fleet-key-id",
-        "AWS_SECRET_ACCESS_KEY": "fleet-secret",
-        "PGPASSWORD": PG_PASSWORD,
-        "OMP_NUM_THREADS": "1",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PYTHONUNBUFFERED": "1",
-        "VCDL_ALLOW_IMPORTS": os.environ.get("VCDL_ALLOW_IMPORTS", ""),
-    }
+    return clean_env(
+        drop=(*DROPPED, "PG"),
+        AWS_ACCESS_KEY_ID="fleet-key-id",
+        AWS_SECRET_ACCESS_KEY="fleet-secret",
+        PGPASSWORD=PG_PASSWORD,
+        VCDL_ALLOW_IMPORTS=os.environ.get("VCDL_ALLOW_IMPORTS", ""),
+    )
 
 
 def test_a_short_run_on_two_hosts_with_tls_on_every_link(
