@@ -60,6 +60,7 @@ def test_the_shared_keys_lead_and_each_rule_s_follow() -> None:
         "outer_momentum",
         "nesterov",
         "momentum_delay",
+        "mergers",  # added since: after the recorded keys
     ]
 
 
@@ -79,7 +80,7 @@ def test_a_rule_s_keys_stay_flat_and_a_recorded_merge_section_loads_unchanged() 
         '"nesterov":false}'
     )
     # Keys added since load at their defaults, after the recorded ones.
-    assert cfg.merge.model_dump_json() == recorded[:-1] + ',"momentum_delay":null}'
+    assert cfg.merge.model_dump_json() == recorded[:-1] + ',"momentum_delay":null,"mergers":1}'
     whole = RunConfig().model_dump() | {"merge": json.loads(recorded)}
     assert RunConfig.model_validate_json(json.dumps(whole)).merge == cfg.merge
 

@@ -106,4 +106,13 @@ class SharedMergeSettings(RuleSettings):
 # No docstring: a model's docstring becomes its description in the form's
 # schema, and the merge section has never had one.
 class MergeSection(DilocoAsyncSettings, DilocoSettings, SharedMergeSettings):
-    pass
+    # Here, not among the shared keys: added since, it comes last in a recorded config.
+    mergers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Processes that merge one result together, each its own range of the "
+        "head's chunks (forked by the driver on its machine); the version is published once "
+        "every range is written and checksummed. The same bytes as 1, bit for bit. 1 merges "
+        "in the driver's process. Pays where one merge is CPU-bound (int8_delta results).",
+    )
