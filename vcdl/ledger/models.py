@@ -141,6 +141,10 @@ class Attempt(SQLModel, table=True):
     data_bytes: int | None = Field(default=None, sa_type=BigInteger)
     data_requests: int | None = None  # the GETs that fetched data_bytes
     written_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    # JSON object of what re-training this attempt needs besides the run's
+    # config (seed, resumed samples, the attempts whose optimizer state or
+    # EASGD variable it continued, device): vcdl.replay. NULL before 0011.
+    replay_inputs: str | None = Field(default=None, sa_type=Text)
 
 
 FOLDED_CHECKSUM = "folded"

@@ -6,6 +6,7 @@ move its lifecycle does not allow, naming both states.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping
 from datetime import datetime
 from typing import Any
@@ -403,6 +404,15 @@ class WorkQueries(LedgerBase):
                 update(_ATT)
                 .where(_ATT.c.id == attempt_id)
                 .values(resumed_from=source_id, resumed_seconds=seconds)
+            )
+        )
+
+    def record_replay_inputs(self, attempt_id: str, inputs: Mapping[str, object]) -> None:
+        """Record what re-training attempt ``attempt_id`` needs (vcdl.replay), as JSON."""
+        text = json.dumps(dict(inputs), sort_keys=True)
+        self._db.single(
+            lambda c: c.execute(
+                update(_ATT).where(_ATT.c.id == attempt_id).values(replay_inputs=text)
             )
         )
 

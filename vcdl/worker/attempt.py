@@ -44,8 +44,8 @@ from vcdl.store import WeightStore
 from vcdl.store.paths import checkpoint_path, result_path
 from vcdl.types import StateDict
 from vcdl.worker.checkpoints import FAILURES_KEY, CheckpointWriter
-from vcdl.worker.loop import train_attempt
-from vcdl.worker.runtime import WorkerRuntime, current_runtime
+from vcdl.worker.loop import resolve_device, train_attempt
+from vcdl.worker.runtime import CARRIED_FROM, WorkerRuntime, current_runtime
 from vcdl.worker.slots import await_own_merge
 from vcdl.worker.speed import SPEED_KEY, WAIT_KEY, speed_of
 
@@ -91,6 +91,42 @@ def worker_name() -> str:
 def attempt_seed(seed: int, epoch: int, shard: int) -> int:
     """Deterministic per subtask, so a reissued attempt trains like the first."""
     return int(np.random.SeedSequence([seed, epoch, shard]).generate_state(1)[0])
+
+
+def replay_inputs(
+    cfg: RunConfig,
+    *,
+    seed: int,
+    start_samples: int,
+    optimizer_from: object,
+    variable_from: str | None,
+    variable_alpha: float | None,
+) -> dict[str, object]:
+    """What re-training an attempt needs besides the run's config and the ledger's row
+    (``attempt.replay_inputs``, read by :mod:`vcdl.replay`).
+
+    ``start_samples``: the samples of the checkpoint it resumed (the row's
+    ``resumed_from`` names whose); ``optimizer_from``: the attempt whose final
+    optimizer state it continued (``train.optimizer_state = "worker"``);
+    ``variable_from``: the attempt whose result was its EASGD variable, pulled
+    with ``variable_alpha``. The device, autocast and threads say whether a
+    CPU replay can be bit for bit.
+    """
+    device = resolve_device(cfg.train.device)
+    return {
+        "format": 1,
+        "seed": seed,
+        "start_samples": start_samples,
+        "optimizer_from": optimizer_from if isinstance(optimizer_from, str) else None,
+        "variable_from": variable_from,
+        "variable_alpha": variable_alpha,
+        "device": device.type,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "amp": bool(cfg.train.amp and device.type == "cuda"),
+        "threads": cfg.train.threads,
+        "torch": torch.__version__,
+        "precision": cfg.merge.result_precision,
+    }
 
 
 def _unmerged_result(store: WeightStore, earlier: list[Attempt]) -> AttemptOutcome | None:
@@ -285,6 +321,8 @@ def run_attempt(
     written = ByteCounter()  # result and checkpoints, from the writer's thread too
     writer: CheckpointWriter | None = None
     version_state: StateDict | None = None
+    variable_from: str | None = None  # EASGD: the attempt whose result is the own variable
+    variable_alpha: float | None = None
     try:
         t = time.perf_counter()
         if resume is not None:
@@ -302,7 +340,10 @@ def run_attempt(
             if rule.worker_variable:
                 # EASGD: this worker's own variable, pulled towards the head it read.
                 alpha = rule.alpha(epoch, cfg.run.epochs, 0, 0) or 0.0
-                base = rule.start(base, runtime.own_result.pop(ref.run, None), alpha)
+                variable = runtime.own_result.pop(ref.run, None)
+                if variable is not None:
+                    variable_from, variable_alpha = variable[0], alpha
+                base = rule.start(base, variable[1] if variable else None, alpha)
             timings["read"] = time.perf_counter() - t
 
         def save(state: StateDict, samples: int, seconds: float) -> None:
@@ -341,12 +382,27 @@ def run_attempt(
             getattr(runtime.worker, "name", None) if runtime.worker is not None else None,
             cfg.cluster.speeds,
         )
+        # Taken, not shared: the optimizer updates these tensors in place,
+        # and a concurrent attempt in this process must not see them move.
+        carried = runtime.optimizer.pop(ref.run, None) if keep_optimizer else None
+        seed = attempt_seed(cfg.run.seed, epoch, shard)
+        ledger.record_replay_inputs(
+            attempt.id,
+            replay_inputs(
+                cfg,
+                seed=seed,
+                start_samples=start_samples,
+                optimizer_from=carried.get(CARRIED_FROM) if carried else None,
+                variable_from=variable_from,
+                variable_alpha=variable_alpha,
+            ),
+        )
         result = train_attempt(
             data.model,
             base,
             data.arrays,
             cfg.train,
-            seed=attempt_seed(cfg.run.seed, epoch, shard),
+            seed=seed,
             objective=data.objective,
             should_stop=should_stop,
             start_samples=start_samples,
@@ -356,9 +412,7 @@ def run_attempt(
                 if (floor := cfg.fault.checkpoint_seconds)
                 else None
             ),
-            # Taken, not shared: the optimizer updates these tensors in place,
-            # and a concurrent attempt in this process must not see them move.
-            optimizer_state=runtime.optimizer.pop(ref.run, None) if keep_optimizer else None,
+            optimizer_state=carried,
             speed=speed,
         )
         timings["train"] = result.train_seconds
@@ -366,9 +420,9 @@ def run_attempt(
             timings[WAIT_KEY] = result.emulated_wait
             timings[SPEED_KEY] = speed
         if keep_optimizer and result.optimizer_state is not None:
-            runtime.optimizer[ref.run] = result.optimizer_state
+            runtime.optimizer[ref.run] = {**result.optimizer_state, CARRIED_FROM: attempt.id}
         if rule_of(cfg).worker_variable:
-            runtime.own_result[ref.run] = result.state
+            runtime.own_result[ref.run] = (attempt.id, result.state)
 
         t = time.perf_counter()
         path = result_path(ref.run, epoch, shard, attempt.id)

@@ -32,6 +32,8 @@ from vcdl.worker.slots import TrainingSlots
 
 #: The name the plugin is registered under on every worker.
 PLUGIN_NAME = "vcdl-runtime"
+CARRIED_FROM = "vcdl_attempt"
+"""The key of a kept optimizer state that names the attempt it ended (vcdl.replay)."""
 
 
 @dataclass(eq=False)
@@ -47,10 +49,11 @@ class WorkerRuntime:
     """The process's preemption notice (SIGTERM)."""
     optimizer: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Run -> the optimizer state this worker's last attempt of the run ended with
-    (``train.optimizer_state = "worker"``)."""
-    own_result: dict[str, StateDict] = field(default_factory=dict)
-    """Run -> this worker's last result of the run, for merge rules that keep a
-    variable per worker (EASGD)."""
+    (``train.optimizer_state = "worker"``); its :data:`CARRIED_FROM` key names that
+    attempt (what a replay re-trains first)."""
+    own_result: dict[str, tuple[str, StateDict]] = field(default_factory=dict)
+    """Run -> this worker's last result of the run and the attempt that trained it,
+    for merge rules that keep a variable per worker (EASGD)."""
     unmerged: dict[str, str] = field(default_factory=dict)
     """Run -> this process's last recorded attempt the driver may not have merged yet."""
     model_bytes: dict[str, int] = field(default_factory=dict)
