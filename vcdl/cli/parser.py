@@ -107,7 +107,7 @@ class Parents:
 
 def build_parser() -> argparse.ArgumentParser:
     # Here, not at the top: the command modules import this module's classes.
-    from vcdl.cli import chaos, completion, data, export, fleet, runs, serve, train
+    from vcdl.cli import chaos, completion, data, export, fleet, replay, runs, serve, train
 
     common = Parser(add_help=False)
     common.add_argument(
@@ -122,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_parsers(sub, parents)
     chaos.add_parsers(sub, parents)
     runs.add_parsers(sub, parents)
+    replay.add_parsers(sub, parents)
     export.add_parsers(sub, parents)
     serve.add_parsers(sub, parents)
     data.add_parsers(sub, parents)

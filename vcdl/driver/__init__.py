@@ -8,7 +8,10 @@ attempt's time went).
 Merging: :mod:`.merge_plan` (the decision, pure: staleness, α, paths, attributes),
 :mod:`.assimilator` (one result into the head), :mod:`.streamed`
 (a batch of tensors at a time), :mod:`.fold` (waiting results in one
-version write, ``merge.fold``), :mod:`.head_cache`. The run:
+version write, ``merge.fold``), :mod:`.sharded` (one merge by K forked
+merger processes, ``merge.mergers``), :mod:`.merger` (one merger's range)
+and :mod:`.merge_ranges` (the ranges of the head's chunks, pure),
+:mod:`.head_cache`. The run:
 :mod:`.runs` (create, resume, evaluate, export), :mod:`.lease` (one driver
 at a time), :mod:`.retention` and :mod:`.gc` (which weights stay, and
 applying it), :mod:`.retrain` (the retrain flow's decisions).

@@ -171,6 +171,7 @@ def merge_attempt(
                 base=base if rule.reads_base else None,
                 state=state,
                 out=spare,
+                mergers=cfg.merge.mergers,
             )
         except (IntegrityError, StoreNotFoundError) as exc:
             cache.give_back(spare)

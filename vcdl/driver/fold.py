@@ -137,6 +137,7 @@ def fold_attempts(
             functools.partial(store.writer, path, specs_of(head), attrs),
             state=state,
             out=spare,
+            mergers=cfg.merge.mergers,
         )
     except (IntegrityError, StoreNotFoundError):
         cache.give_back(spare)

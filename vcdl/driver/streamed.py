@@ -140,6 +140,7 @@ def streamed_merge(
     state: StateDict | None = None,
     out: StateDict | None = None,
     batch_bytes: int = BATCH_BYTES,
+    mergers: int = 1,
 ) -> Streamed:
     """Merge the result behind ``result`` into ``head`` by ``rule`` and write the new version.
 
@@ -151,7 +152,8 @@ def streamed_merge(
     state with the version's checksum, or the reason to reject the result
     (its version then deleted). Never raises for a bad result (errors
     reading it or its base, and inputs the rule refuses, become the reason);
-    errors writing the version propagate.
+    errors writing the version propagate. ``mergers``: as for
+    :func:`streamed_fold`.
     """
     return streamed_fold(
         rule,
@@ -161,6 +163,7 @@ def streamed_merge(
         state=state,
         out=out,
         batch_bytes=batch_bytes,
+        mergers=mergers,
     )
 
 
@@ -173,6 +176,7 @@ def streamed_fold(
     state: StateDict | None = None,
     out: StateDict | None = None,
     batch_bytes: int = BATCH_BYTES,
+    mergers: int = 1,
 ) -> Streamed:
     """Merge several results into ``head`` one after the other, writing only the last version.
 
@@ -190,6 +194,10 @@ def streamed_fold(
     checks) stops the fold: the outcome names the step (``Streamed.failed``)
     and nothing is left written. The caller then merges the results one at
     a time, which refuses that one as it would have alone.
+
+    ``mergers`` above 1: that many processes each merge and write their
+    range of the version's chunks (:mod:`vcdl.driver.sharded`); the same
+    bytes.
     """
     if not steps:
         raise ValueError("streamed_fold needs at least one result")
@@ -203,15 +211,93 @@ def streamed_fold(
                 reason = f"the result's base does not fit the head: {reason}"
         if reason is not None:
             return Streamed(None, reason, failed=i)
+    if mergers > 1:
+        from vcdl.driver.sharded import sharded_fold
+
+        return sharded_fold(
+            rule, head, steps, writer, state=state, out=out, batch_bytes=batch_bytes, k=mergers
+        )
+    plan = batches(specs_of(head), batch_bytes)
+    busy = {"read": 0.0, "merge": 0.0, "write": 0.0}
+
+    def write(batch: tuple[list[Part], StateDict]) -> None:
+        parts, tensors = batch
+        t = time.perf_counter()
+        if parts[0].whole:
+            version.write(tensors)
+        else:
+            version.write_rows(parts[0].name, tensors[parts[0].name])
+        busy["write"] += time.perf_counter() - t
+
+    version = writer()
+    weights: StateDict = {}
+    new_state: StateDict | None = {} if rule.keeps_state else None
+    try:
+        with _Stage(write, depth=2) as writing:
+
+            def emit(parts: list[Part], current: StateDict, state_sub: StateDict | None) -> None:
+                _gather(weights, parts, current, out)
+                if new_state is not None and state_sub is not None:
+                    _gather(new_state, parts, state_sub, None)
+                writing.put((parts, current))
+
+            chained = chain(rule, head, steps, plan, emit, state=state, out=out, busy=busy)
+        reason, failed = chained.reason, chained.failed
+        if reason is None:
+            reason, failed = norm_problem(rule, chained.norm_sq)
+        if reason is not None:
+            version.abort()
+            return Streamed(None, reason, failed=failed)
+        t = time.perf_counter()
+        checksum = version.commit()
+        busy["write"] += time.perf_counter() - t
+    except Unreadable as exc:
+        version.abort()
+        return Streamed(None, str(exc), failed=exc.step)
+    except BaseException:
+        version.abort()
+        raise
+    return Streamed(Applied(weights, new_state), None, checksum, busy)
+
+
+@dataclass
+class Chained:
+    """What running batches through a chain of merges found (:func:`chain`)."""
+
+    reason: str | None
+    failed: int | None
+    norm_sq: list[float]
+    """Per step, the squared update norm over the batches (when the rule bounds it)."""
+
+
+def chain(
+    rule: MergeRule,
+    head: StateDict,
+    steps: Sequence[Step],
+    plan: Sequence[list[Part]],
+    emit: Callable[[list[Part], StateDict, StateDict | None], None],
+    *,
+    state: StateDict | None = None,
+    out: StateDict | None = None,
+    busy: dict[str, float] | None = None,
+    norm_of: Callable[[list[Part], StateDict, StateDict], float] | None = None,
+) -> Chained:
+    """Each batch of ``plan`` through every step in turn; ``emit`` gets what each batch became.
+
+    The reading runs one batch ahead in a thread. Stops at the first result
+    refused (NaN/Inf, the rule's own checks); read errors raise
+    :class:`Unreadable`. The norm bound over all batches is the caller's
+    (:func:`norm_problem`): ``norm_of`` (default: the batch's whole update
+    norm) says how much of a batch counts.
+    """
+    busy = busy if busy is not None else {"read": 0.0, "merge": 0.0, "write": 0.0}
     bound = rule.settings.max_update_norm
     # Per batch without the global bound: it is summed here over every batch.
     unbounded = merge_rule(
         rule.settings.model_copy(update={"max_update_norm": None}), workers=rule.workers
     )
-    plan = batches(specs_of(head), batch_bytes)
     last = len(steps) - 1
-
-    busy = {"read": 0.0, "merge": 0.0, "write": 0.0}
+    norm_sq = [0.0] * len(steps)
 
     def read(job: tuple[list[Part], int]) -> tuple[StateDict, StateDict | None]:
         parts, i = job
@@ -229,83 +315,54 @@ def streamed_fold(
         busy["read"] += time.perf_counter() - t
         return got
 
-    def write(batch: tuple[list[Part], StateDict]) -> None:
-        parts, tensors = batch
-        t = time.perf_counter()
-        if parts[0].whole:
-            version.write(tensors)
-        else:
-            version.write_rows(parts[0].name, tensors[parts[0].name])
-        busy["write"] += time.perf_counter() - t
+    # One result's batch at a time, in the order the chain takes them: the
+    # bytes read ahead are those of a single merge, however many results.
+    jobs = ((parts, i) for parts in plan for i in range(len(steps)))
+    with contextlib.closing(_prefetch(read, jobs)) as inputs:
+        for parts in plan:
+            current: StateDict = take(head, parts)
+            state_sub = _state_part(state, parts)
+            for i, step in enumerate(steps):
+                sub, base_sub = next(inputs)
+                t = time.perf_counter()  # merge time, not the wait for the read
+                if bound is not None:
+                    ref = base_sub if rule.reads_base and base_sub is not None else current
+                    reason = _bounded(ref, sub)
+                    if reason is not None:
+                        return Chained(reason, i, norm_sq)
+                    norm = norm_of(parts, ref, sub) if norm_of else update_norm(ref, sub)
+                    norm_sq[i] += norm**2
+                try:
+                    applied = unbounded.apply(
+                        current,
+                        sub,
+                        step.alpha,
+                        base=base_sub,
+                        state=state_sub,
+                        # The versions between are never whole: only the
+                        # last step writes into the new version's buffers.
+                        out=None if out is None or i < last else take(out, parts),
+                    )
+                except MergeError as exc:  # inputs the rule refuses: this result's
+                    applied = f"cannot merge the result: {exc}"
+                if isinstance(applied, str):
+                    return Chained(applied, i, norm_sq)
+                current, state_sub = applied.weights, applied.state
+                busy["merge"] += time.perf_counter() - t
+            emit(parts, current, state_sub)
+    return Chained(None, None, norm_sq)
 
-    version = writer()
-    norm_sq = [0.0] * len(steps)
-    weights: StateDict = {}
-    new_state: StateDict | None = {} if rule.keeps_state else None
-    reason = None
-    failed: int | None = None
-    try:
-        # One result's batch at a time, in the order the chain takes them: the
-        # bytes read ahead are those of a single merge, however many results.
-        jobs = ((parts, i) for parts in plan for i in range(len(steps)))
-        with _Stage(write, depth=2) as writing, contextlib.closing(_prefetch(read, jobs)) as inputs:
-            for parts in plan:
-                current: StateDict = take(head, parts)
-                state_sub = _state_part(state, parts)
-                for i, step in enumerate(steps):
-                    sub, base_sub = next(inputs)
-                    t = time.perf_counter()  # merge time, not the wait for the read
-                    if bound is not None:
-                        ref = base_sub if rule.reads_base and base_sub is not None else current
-                        reason = _bounded(ref, sub)
-                        if reason is not None:
-                            failed = i
-                            break
-                        norm_sq[i] += update_norm(ref, sub) ** 2
-                    try:
-                        applied = unbounded.apply(
-                            current,
-                            sub,
-                            step.alpha,
-                            base=base_sub,
-                            state=state_sub,
-                            # The versions between are never whole: only the
-                            # last step writes into the new version's buffers.
-                            out=None if out is None or i < last else take(out, parts),
-                        )
-                    except MergeError as exc:  # inputs the rule refuses: this result's
-                        applied = f"cannot merge the result: {exc}"
-                    if isinstance(applied, str):
-                        reason, failed = applied, i
-                        break
-                    current, state_sub = applied.weights, applied.state
-                    busy["merge"] += time.perf_counter() - t
-                if reason is not None:
-                    break
-                _gather(weights, parts, current, out)
-                if new_state is not None and state_sub is not None:
-                    _gather(new_state, parts, state_sub, None)
-                writing.put((parts, current))
-        if reason is None and bound is not None:
-            for i, total_sq in enumerate(norm_sq):
-                total = math.sqrt(total_sq)
-                if not total <= bound:
-                    reason = f"update norm {total:.6g} exceeds max_update_norm {bound:.6g}"
-                    failed = i
-                    break
-        if reason is not None:
-            version.abort()
-            return Streamed(None, reason, failed=failed)
-        t = time.perf_counter()
-        checksum = version.commit()
-        busy["write"] += time.perf_counter() - t
-    except Unreadable as exc:
-        version.abort()
-        return Streamed(None, str(exc), failed=exc.step)
-    except BaseException:
-        version.abort()
-        raise
-    return Streamed(Applied(weights, new_state), None, checksum, busy)
+
+def norm_problem(rule: MergeRule, norm_sq: Sequence[float]) -> tuple[str | None, int | None]:
+    """The first step whose update norm over all batches exceeds the rule's bound, and why."""
+    bound = rule.settings.max_update_norm
+    if bound is None:
+        return None, None
+    for i, total_sq in enumerate(norm_sq):
+        total = math.sqrt(total_sq)
+        if not total <= bound:
+            return f"update norm {total:.6g} exceeds max_update_norm {bound:.6g}", i
+    return None, None
 
 
 def streamed_check(

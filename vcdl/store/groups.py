@@ -67,6 +67,11 @@ class Groups(Backend):
         super().__init__(url, storage_options)
         self._parents_known: set[str] = set()
 
+    def reopened(self) -> Groups:
+        """The same root opened afresh, for a forked process (the parent's asynchronous
+        clients are bound to its own I/O loop, which a child does not have)."""
+        return Groups(self.url, self._options)
+
     # -------------------------------------------------------------- documents
 
     async def doc(self, rel: str) -> dict[str, Any] | None:

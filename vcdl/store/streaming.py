@@ -42,6 +42,7 @@ would have to know the others' row and order rules.
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -206,6 +207,14 @@ class StateReader:
         self.attrs: dict[str, Any] = dict(attrs or {})
         # read_rows: per tensor being read in parts, the next row and the hash so far.
         self._hashing: dict[str, tuple[int, Any]] = {}
+
+    def reopened(self, groups: Groups, verify: bool = True) -> StateReader:
+        """This reader in a forked process: the root opened there (:meth:`Groups.reopened`),
+        no rows read yet; ``verify`` False reads rows from anywhere, unverified (their
+        tensor then verified whole by someone else)."""
+        other = copy.copy(self)
+        vars(other).update(_groups=groups, verify=verify, _hashing={})
+        return other
 
     def checksum(self) -> str:
         """The group's content identity (:func:`~vcdl.store.layout.combined_checksum`)."""
@@ -428,6 +437,40 @@ class StateWriter:
         records = {
             p.name: {"dtype": p.dtype_name, "shape": list(p.shape), "checksum": c}
             for p, c in zip(self._packed, self._checksums, strict=True)
+        }
+        return combined_checksum(records)
+
+    # ---- for writers of parts of the group in other processes (vcdl.driver.sharded)
+
+    @property
+    def packing(self) -> tuple[list[Packed], dict[str, ArrayLayout]]:
+        """Where each tensor goes (its array and offset) and each array's chunking."""
+        return list(self._packed), {n: a.layout for n, a in self._arrays.items()}
+
+    def reopened_groups(self) -> Groups:
+        """The group's root opened afresh, for a forked process (:meth:`Groups.reopened`)."""
+        return self._groups.reopened()
+
+    def put_chunks(self, jobs: Sequence[tuple[str, Sequence[memoryview]]], groups: Groups) -> None:
+        """Write whole chunks (``<array>/c.<j>`` and their buffers) through ``groups``
+        (this root opened in the calling process: :meth:`Groups.reopened`)."""
+        groups.run(groups.put_chunks(self._rel, jobs), "writing", self.uri)
+
+    def publish(self, checksums: Sequence[str]) -> str:
+        """The commit point of a group whose chunks were written by :meth:`put_chunks`
+        (all of them): its document with every tensor's checksum; the group's checksum."""
+        if self._done:
+            raise StoreError(f"writing {self.uri}: the writer is closed")
+        self._done = True
+        plan = WritePlan(self._packed, {n: a.layout for n, a in self._arrays.items()})
+        self._groups.run(
+            self._groups.publish(self._rel, plan.group_doc(checksums, self._attrs)),
+            "writing",
+            self.uri,
+        )
+        records = {
+            p.name: {"dtype": p.dtype_name, "shape": list(p.shape), "checksum": c}
+            for p, c in zip(self._packed, checksums, strict=True)
         }
         return combined_checksum(records)
 
