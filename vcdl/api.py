@@ -37,6 +37,8 @@ from vcdl.runtime import (
 if TYPE_CHECKING:
     from vcdl.data import DatasetInfo
     from vcdl.driver.gc import GcReport
+    from vcdl.replay.runner import Progress as ReplayProgress
+    from vcdl.replay.runner import ReplayReport
     from vcdl.store import WeightStore
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "preflight",
     "prepare_prefect",
     "recorded_config",
+    "replay",
     "resolve",
     "resume",
     "run",
@@ -281,6 +284,22 @@ def status(
     from vcdl.views.status import run_status
 
     return run_status(existing_ledger(home, ledger_url), name)
+
+
+def replay(
+    name: str,
+    home: str | Path | None = None,
+    ledger_url: str | None = None,
+    *,
+    first: int = 0,
+    last: int | None = None,
+    progress: ReplayProgress | None = None,
+) -> ReplayReport:
+    """Re-execute run ``name``'s versions after ``first`` up to ``last`` on this CPU and
+    compare each with the record (vcdl.replay; docs/replay.md)."""
+    from vcdl.replay.runner import replay_run
+
+    return replay_run(run_ref(name, home, ledger_url), first=first, last=last, progress=progress)
 
 
 # --------------------------------------------------------------------------

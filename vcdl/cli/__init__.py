@@ -7,6 +7,7 @@ command to its handler, and :func:`main` runs it:
 - :mod:`.train`: ``train``, ``resume``
 - :mod:`.chaos`: ``chaos``
 - :mod:`.runs`: ``runs``, ``status``, ``story``, ``cost``, ``audit``, ``gc``
+- :mod:`.replay`: ``replay``
 - :mod:`.export`: ``export``, ``evaluate``
 - :mod:`.serve`: ``serve``
 - :mod:`.data`: ``data make``, ``data import``, ``data list``
@@ -33,7 +34,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from vcdl.cli import chaos, completion, data, export, fleet, runs, serve, train
+from vcdl.cli import chaos, completion, data, export, fleet, replay, runs, serve, train
 from vcdl.cli.json_output import error_document, json_mode, wants_json
 from vcdl.cli.parser import UsageError, build_parser
 from vcdl.errors import VcdlError
@@ -52,6 +53,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "runs": runs.runs_command,
     "status": runs.status_command,
     "story": runs.story_command,
+    "replay": replay.replay_command,
     "cost": runs.cost_command,
     "audit": runs.audit_command,
     "gc": runs.gc_command,

@@ -1,0 +1,12 @@
+"""``vcdl replay``: a run re-executed from its ledger on this machine's CPU, version by version.
+
+- :mod:`.plan`: the replay's plan from the ledger's rows, pure (which merges,
+  which trainings each needs, in order); :class:`~.plan.NotReplayable` says why not
+- :mod:`.retrain`: one attempt trained again as its worker trained it, stopped
+  where it stopped, with deterministic algorithms
+- :mod:`.runner`: the replay carried out: re-train, re-merge in the ledger's
+  order, compare each version with the ledger's checksum and the stored bytes
+- :mod:`.text`: the report as lines for the terminal
+
+What a replay guarantees and what it cannot: docs/replay.md.
+"""

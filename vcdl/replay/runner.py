@@ -1,0 +1,327 @@
+"""A replay carried out: re-train, re-merge in the ledger's order, compare each version.
+
+:func:`replay_run` builds the plan (:mod:`vcdl.replay.plan`) from the ledger,
+re-trains each attempt it names (:mod:`vcdl.replay.retrain`), merges each
+result onto the replayed head with the run's rule in the ledger's order (the
+recorded α, a partial result's share, the rule's state carried from the
+previous merge, a reduced-precision result encoded and decoded against its
+base as the worker and the driver did), and compares each new version with
+the ledger's checksum and, where the store keeps it, with the stored bytes.
+It stops at the first divergence and names its version, attempt and tensor.
+The result is a :class:`ReplayReport`, as data (``--json``) or text.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from vcdl.ledger import Attempt
+from vcdl.merge.codec import decode, encode
+from vcdl.merge.rules import rule_of
+from vcdl.replay.plan import MergeStep, NotReplayable, ReplayPlan, Training, plan_replay
+from vcdl.replay.retrain import retrain
+from vcdl.runtime import RunRef
+from vcdl.store.layout import combined_checksum, digest, plan_write
+from vcdl.store.paths import rule_state_path
+from vcdl.types import StateDict
+from vcdl.worker.loop import TrainResult
+
+Progress = Callable[[int, int, int], None]
+"""Called after each version: (versions done, versions in all, the version)."""
+
+
+@dataclass
+class Divergence:
+    """Where the replay first parted from the record."""
+
+    version: int
+    attempt: str
+    epoch: int
+    shard: int
+    kind: str  # checksum (the ledger's), stored (the store's bytes), rejected (the rule refused)
+    tensor: str | None
+    max_abs_deviation: float | None
+    detail: str
+
+
+@dataclass
+class ReplayReport:
+    """What a replay found, and what it cost."""
+
+    run: str
+    first: int
+    last: int
+    versions: int  # versions re-made
+    compared: int  # of them, compared with a recorded checksum (a fold's inner ones have none)
+    trainings: int
+    bit_for_bit: bool
+    divergence: Divergence | None
+    devices: list[str]
+    seconds: float
+    train_seconds: float  # of ``seconds``, re-training (reading the shards, building models)
+    loop_seconds: float  # of ``train_seconds``, the training loops alone
+    original_train_seconds: float  # the recorded train_seconds of the attempts re-trained
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def state_checksum(state: StateDict) -> tuple[str, dict[str, str]]:
+    """The content identity a store group of ``state`` would have, and each tensor's checksum
+    (:func:`~vcdl.store.layout.combined_checksum`, computed without writing)."""
+    plan = plan_write(state, "replay")
+    records = {
+        t.name: {"dtype": t.dtype_name, "shape": list(t.shape), "checksum": digest(t.data)}
+        for t in plan.tensors
+    }
+    return combined_checksum(records), {k: str(r["checksum"]) for k, r in records.items()}
+
+
+def first_difference(mine: StateDict, other: StateDict) -> tuple[str, float | None] | None:
+    """The first tensor (in ``mine``'s order) whose bytes differ, with its largest |Δ|."""
+    for name, a in mine.items():
+        b = other.get(name)
+        if b is None or a.shape != b.shape or a.dtype != b.dtype:
+            return name, None
+        if not torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)):
+            dev = (a.double() - b.double()).abs().max().item() if a.numel() else None
+            return name, dev
+    extra = sorted(set(other) - set(mine))
+    return (extra[0], None) if extra else None
+
+
+class _Replayer:
+    """The replay's memory: versions made so far, trainings done, the rule's state."""
+
+    def __init__(self, ref: RunRef, plan: ReplayPlan, attempts: dict[str, Attempt]) -> None:
+        self.ref, self.plan, self.attempts = ref, plan, attempts
+        self.cfg = ref.config()
+        self.store, self.ledger = ref.store(), ref.ledger(fenced=False)
+        self.rule = rule_of(self.cfg)
+        self.versions: dict[int, StateDict] = {}
+        self.done: dict[tuple[str, int | None], TrainResult] = {}
+        self.train_seconds = 0.0
+        self.loop_seconds = 0.0
+        self.original = 0.0
+        self.planned: dict[tuple[int, int], int] = {}
+
+    def version(self, number: int) -> StateDict:
+        if number not in self.versions:
+            row = self.ledger.get_version(self.ref.run, number)
+            self.versions[number] = self.store.read_state(row.uri, expect=row.checksum)
+        return self.versions[number]
+
+    def train(self, t: Training) -> TrainResult:
+        if t.key in self.done:
+            return self.done[t.key]
+        a = self.attempts[t.attempt_id]
+
+        def carried(key: tuple[str, int | None] | None) -> TrainResult | None:
+            return None if key is None else self.done[key]
+
+        resumed = carried(t.resumed_from)
+        opt = carried(t.optimizer_from)
+        var = carried(t.variable_from)
+        began = time.perf_counter()
+        result = retrain(
+            self.ref,
+            self.cfg,
+            t,
+            base=self.version(t.base_version),
+            checkpoint=resumed.state if resumed is not None else None,
+            # train_attempt loads a copy: the kept state stays as it ended.
+            optimizer_state=opt.optimizer_state if opt is not None else None,
+            variable=var.state if var is not None else None,
+            samples=t.samples if t.samples is not None else (a.samples or 1 << 62),
+        )
+        self.train_seconds += time.perf_counter() - began
+        self.loop_seconds += result.train_seconds
+        self.original += a.train_seconds or 0.0
+        self.done[t.key] = result
+        return result
+
+    def merge(self, step: MergeStep, rule_state: StateDict | None) -> tuple[Any, TrainResult]:
+        result = self.done[step.training]
+        a = self.attempts[step.attempt_id]
+        base = self.version(step.base_version)
+        weights = result.state
+        precision = self.cfg.merge.result_precision
+        if precision != "full":
+            weights = decode(encode(weights, base, precision), base, precision)
+        blend = step.alpha
+        planned = result.planned_samples
+        if a.samples is not None and planned and a.samples < planned:
+            # A partial result counts for its share (vcdl.driver.merge_plan.Candidate).
+            blend = 1.0 - (1.0 - step.alpha) * min(1.0, a.samples / planned)
+        head = self.version(step.number - 1)
+        applied = self.rule.apply(
+            head,
+            weights,
+            blend,
+            base=base if self.rule.reads_base else None,
+            state=rule_state,
+        )
+        return applied, result
+
+
+def replay_run(
+    ref: RunRef,
+    *,
+    first: int = 0,
+    last: int | None = None,
+    progress: Progress | None = None,
+) -> ReplayReport:
+    """Replay ``ref``'s run from version ``first`` to ``last`` (default: its newest version)."""
+    began = time.perf_counter()
+    ledger = ref.ledger(fenced=False)
+    attempts = {a.id: a for a in ledger.attempts(ref.run)}
+    plan = plan_replay(
+        ref.run, ledger.versions(ref.run), list(attempts.values()), first=first, last=last
+    )
+    r = _Replayer(ref, plan, attempts)
+    notes: list[str] = []
+    if any(d != "cpu" for d in plan.devices):
+        notes.append(
+            "some attempts trained on "
+            + ", ".join(d for d in plan.devices if d != "cpu")
+            + ": a CPU replay of them is not expected to be bit for bit"
+        )
+    rule_state: StateDict | None = None
+    if r.rule.keeps_state and first > 0:
+        row = ledger.get_version(ref.run, first)
+        path = rule_state_path(ref.run, row.uri)
+        if not r.store.exists(path):
+            raise NotReplayable(
+                f"rule {r.rule.name} keeps its state only beside the head: replay from version 0"
+            )
+        rule_state = r.store.read_state(path)
+    by_key = {t.key: t for t in plan.trainings}
+    last_use = _last_use(plan, by_key)
+    divergence: Divergence | None = None
+    compared = made = 0
+    for i, step in enumerate(plan.merges):
+        _ensure(r, step.training, by_key)
+        applied, _ = r.merge(step, rule_state)
+        made += 1
+        if isinstance(applied, str):
+            divergence = Divergence(
+                step.number,
+                step.attempt_id,
+                step.epoch,
+                step.shard,
+                "rejected",
+                None,
+                None,
+                f"the rule refused the replayed result: {applied}",
+            )
+            break
+        new = applied.weights
+        rule_state = applied.state
+        if not step.folded:
+            compared += 1
+            divergence = _compare(r, step, new, state_checksum(new)[0])
+            if divergence is not None:
+                break
+        r.versions[step.number] = new
+        for n in [n for n in r.versions if n != step.number and last_use.get(n, -1) <= i]:
+            del r.versions[n]  # no later training or merge reads it
+        if progress is not None:
+            progress(i + 1, len(plan.merges), step.number)
+    return ReplayReport(
+        ref.run,
+        plan.first,
+        plan.last,
+        made,
+        compared,
+        len(r.done),
+        divergence is None,
+        divergence,
+        plan.devices,
+        time.perf_counter() - began,
+        r.train_seconds,
+        r.loop_seconds,
+        r.original,
+        notes,
+    )
+
+
+def _deps(t: Training) -> list[tuple[str, int | None]]:
+    return [k for k in (t.resumed_from, t.optimizer_from, t.variable_from) if k is not None]
+
+
+def _ensure(r: _Replayer, key: tuple[str, int | None], by_key: dict[Any, Training]) -> None:
+    """Train ``key`` and, first, every training it continues from (iteratively: chains of
+    carried optimizer states can be long)."""
+    stack = [key]
+    while stack:
+        t = by_key[stack[-1]]
+        todo = [k for k in _deps(t) if k not in r.done]
+        if todo:
+            stack += todo
+            continue
+        stack.pop()
+        if t.key not in r.done:
+            r.train(t)
+
+
+def _last_use(plan: ReplayPlan, by_key: dict[Any, Training]) -> dict[int, int]:
+    """Per version, the index of the last merge step that reads it (as a base of a training
+    done for that step, the result's base, or the head)."""
+    last: dict[int, int] = {}
+    seen: set[tuple[str, int | None]] = set()
+    for i, step in enumerate(plan.merges):
+        todo = [step.training]
+        while todo:
+            key = todo.pop()
+            if key in seen:
+                continue
+            seen.add(key)
+            t = by_key[key]
+            last[t.base_version] = i
+            todo += _deps(t)
+        last[step.base_version] = i
+        last[step.number - 1] = i
+    return last
+
+
+def _compare(r: _Replayer, step: MergeStep, new: StateDict, checksum: str) -> Divergence | None:
+    """The replayed version against the ledger's checksum and, if kept, the stored bytes."""
+    stored: StateDict | None = None
+    if step.kept:
+        row = r.ledger.get_version(r.ref.run, step.number)
+        # Unverified: the bytes as they are, to name the tensor that differs.
+        stored = r.store.read_state(row.uri, verify=False)
+    if checksum != step.checksum:
+        diff = first_difference(new, stored) if stored is not None else None
+        return Divergence(
+            step.number,
+            step.attempt_id,
+            step.epoch,
+            step.shard,
+            "checksum",
+            diff[0] if diff else None,
+            diff[1] if diff else None,
+            "the replayed version's checksum differs from the ledger's"
+            + ("" if stored is not None else " (its weights are not kept: no tensor to name)"),
+        )
+    if stored is not None:
+        diff = first_difference(new, stored)
+        if diff is not None:
+            return Divergence(
+                step.number,
+                step.attempt_id,
+                step.epoch,
+                step.shard,
+                "stored",
+                diff[0],
+                diff[1],
+                "the replay matches the ledger's checksum but the stored weights differ: "
+                "the store was changed after the merge",
+            )
+    return None
