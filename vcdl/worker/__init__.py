@@ -8,5 +8,6 @@ evaluation), :mod:`.checkpoints`, :mod:`.slots`, :mod:`.admission` (start an
 attempt only while it fits in memory), :mod:`.preemption` (notices),
 :mod:`.cloud_notice` (notices from a cloud's metadata service),
 :mod:`.allocator` (glibc thresholds), :mod:`.speed` (emulated compute
-speeds).
+speeds), :mod:`.replay_inputs` (what a replay needs of an attempt, recorded
+before it trains).
 """

@@ -44,7 +44,8 @@ from vcdl.store import WeightStore
 from vcdl.store.paths import checkpoint_path, result_path
 from vcdl.types import StateDict
 from vcdl.worker.checkpoints import FAILURES_KEY, CheckpointWriter
-from vcdl.worker.loop import resolve_device, train_attempt
+from vcdl.worker.loop import train_attempt
+from vcdl.worker.replay_inputs import replay_inputs
 from vcdl.worker.runtime import CARRIED_FROM, WorkerRuntime, current_runtime
 from vcdl.worker.slots import await_own_merge
 from vcdl.worker.speed import SPEED_KEY, WAIT_KEY, speed_of
@@ -91,42 +92,6 @@ def worker_name() -> str:
 def attempt_seed(seed: int, epoch: int, shard: int) -> int:
     """Deterministic per subtask, so a reissued attempt trains like the first."""
     return int(np.random.SeedSequence([seed, epoch, shard]).generate_state(1)[0])
-
-
-def replay_inputs(
-    cfg: RunConfig,
-    *,
-    seed: int,
-    start_samples: int,
-    optimizer_from: object,
-    variable_from: str | None,
-    variable_alpha: float | None,
-) -> dict[str, object]:
-    """What re-training an attempt needs besides the run's config and the ledger's row
-    (``attempt.replay_inputs``, read by :mod:`vcdl.replay`).
-
-    ``start_samples``: the samples of the checkpoint it resumed (the row's
-    ``resumed_from`` names whose); ``optimizer_from``: the attempt whose final
-    optimizer state it continued (``train.optimizer_state = "worker"``);
-    ``variable_from``: the attempt whose result was its EASGD variable, pulled
-    with ``variable_alpha``. The device, autocast and threads say whether a
-    CPU replay can be bit for bit.
-    """
-    device = resolve_device(cfg.train.device)
-    return {
-        "format": 1,
-        "seed": seed,
-        "start_samples": start_samples,
-        "optimizer_from": optimizer_from if isinstance(optimizer_from, str) else None,
-        "variable_from": variable_from,
-        "variable_alpha": variable_alpha,
-        "device": device.type,
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "amp": bool(cfg.train.amp and device.type == "cuda"),
-        "threads": cfg.train.threads,
-        "torch": torch.__version__,
-        "precision": cfg.merge.result_precision,
-    }
 
 
 def _unmerged_result(store: WeightStore, earlier: list[Attempt]) -> AttemptOutcome | None:
