@@ -294,12 +294,14 @@ def replay(
     first: int = 0,
     last: int | None = None,
     progress: ReplayProgress | None = None,
+    keep_going: bool | None = None,
 ) -> ReplayReport:
     """Re-execute run ``name``'s versions after ``first`` up to ``last`` on this CPU and
     compare each with the record (vcdl.replay; docs/replay.md)."""
     from vcdl.replay.runner import replay_run
 
-    return replay_run(run_ref(name, home, ledger_url), first=first, last=last, progress=progress)
+    ref = run_ref(name, home, ledger_url)
+    return replay_run(ref, first=first, last=last, progress=progress, keep_going=keep_going)
 
 
 # --------------------------------------------------------------------------

@@ -190,6 +190,28 @@ def test_a_tampered_version_is_named_with_its_tensor(tmp_path: Path) -> None:
     assert report.versions == 3
 
 
+def test_keep_going_reports_each_versions_deviation_from_the_record(tmp_path: Path) -> None:
+    """As for a run trained on a GPU: a version that differs is reported with its largest
+    deviation and the replay goes on from the recorded version, so the next agree again."""
+    cfg = config(tmp_path)
+    ref = drive(cfg)
+    wrong = ref.ledger().get_version(ref.run, 2).attempt_id
+    inputs = replay_inputs(ref.ledger().get_attempt(wrong or ""))
+    assert inputs is not None
+    inputs.update(seed=inputs["seed"] + 1, device="cuda")  # another batch order; "a GPU"
+    ref.ledger().record_replay_inputs(wrong or "", inputs)
+    report = replay_run(ref)  # keep_going: a GPU attempt
+    d = report.divergence
+    assert d is not None and (d.version, d.kind) == (2, "checksum") and d.tensor is not None
+    assert d.max_abs_deviation is not None and d.max_abs_deviation > 0
+    assert report.versions == 6 and [v.version for v in report.deviations] == [1, 2, 3, 4, 5, 6]
+    assert [v.max_abs_deviation > 0 for v in report.deviations] == [0, 1, 0, 0, 0, 0]
+    assert report.deviations[1].max_abs_deviation >= d.max_abs_deviation
+    assert any("cuda" in n for n in report.notes)
+    stopped = replay_run(ref, keep_going=False)
+    assert stopped.versions == 2 and stopped.deviations == []
+
+
 def test_the_cli_replays_a_range_as_json_and_refuses_a_run_recorded_before_0011(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

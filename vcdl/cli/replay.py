@@ -30,6 +30,13 @@ def add_parsers(sub: Subparsers, parents: Parents) -> None:
         help="start from this kept version (default 0)",
     )
     r.add_argument(
+        "--keep-going",
+        action="store_true",
+        default=None,
+        help="after a divergence go on from the recorded version and report each version's "
+        "largest deviation (the default for a run trained on a GPU)",
+    )
+    r.add_argument(
         "--to",
         dest="last",
         type=int,
@@ -55,7 +62,13 @@ def replay_command(args: argparse.Namespace) -> int:
         print(f"\rreplay {args.run}: version {version} ({done}/{total})", end=end, file=sys.stderr)
 
     told = api.replay(
-        args.run, args.home, args.ledger, first=args.first, last=args.last, progress=progress
+        args.run,
+        args.home,
+        args.ledger,
+        first=args.first,
+        last=args.last,
+        progress=progress,
+        keep_going=args.keep_going,
     )
     if not report(args, told.to_dict()):
         print(replay_text(told))

@@ -50,6 +50,15 @@ class Divergence:
 
 
 @dataclass
+class Deviation:
+    """How far one replayed version is from the stored one (0.0: bit for bit)."""
+
+    version: int
+    max_abs_deviation: float
+    tensor: str | None  # where it is largest; None when there is none
+
+
+@dataclass
 class ReplayReport:
     """What a replay found, and what it cost."""
 
@@ -67,6 +76,8 @@ class ReplayReport:
     loop_seconds: float  # of ``train_seconds``, the training loops alone
     original_train_seconds: float  # the recorded train_seconds of the attempts re-trained
     notes: list[str] = field(default_factory=list)
+    deviations: list[Deviation] = field(default_factory=list)
+    """With ``keep_going``: each kept version's largest |Δ| from the stored weights."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,6 +127,18 @@ class _Replayer:
             row = self.ledger.get_version(self.ref.run, number)
             self.versions[number] = self.store.read_state(row.uri, expect=row.checksum)
         return self.versions[number]
+
+    def stored(self, step: MergeStep) -> StateDict | None:
+        """The version's stored weights as they are (unverified: to name what differs)."""
+        if not step.kept:
+            return None
+        return self.store.read_state(
+            self.ledger.get_version(self.ref.run, step.number).uri, verify=False
+        )
+
+    def version_from_store(self, number: int) -> StateDict:
+        row = self.ledger.get_version(self.ref.run, number)
+        return self.store.read_state(row.uri, expect=row.checksum)
 
     def train(self, t: Training) -> TrainResult:
         if t.key in self.done:
@@ -176,8 +199,13 @@ def replay_run(
     first: int = 0,
     last: int | None = None,
     progress: Progress | None = None,
+    keep_going: bool | None = None,
 ) -> ReplayReport:
-    """Replay ``ref``'s run from version ``first`` to ``last`` (default: its newest version)."""
+    """Replay ``ref``'s run from version ``first`` to ``last`` (default: its newest version).
+
+    ``keep_going``: after a divergence, go on from the recorded version and report every
+    kept version's largest deviation (None: only when some attempt trained on a GPU).
+    """
     began = time.perf_counter()
     ledger = ref.ledger(fenced=False)
     attempts = {a.id: a for a in ledger.attempts(ref.run)}
@@ -192,6 +220,8 @@ def replay_run(
             + ", ".join(d for d in plan.devices if d != "cpu")
             + ": a CPU replay of them is not expected to be bit for bit"
         )
+    if keep_going is None:
+        keep_going = any(d != "cpu" for d in plan.devices)
     rule_state: StateDict | None = None
     if r.rule.keeps_state and first > 0:
         row = ledger.get_version(ref.run, first)
@@ -204,13 +234,14 @@ def replay_run(
     by_key = {t.key: t for t in plan.trainings}
     last_use = _last_use(plan, by_key)
     divergence: Divergence | None = None
+    deviations: list[Deviation] = []
     compared = made = 0
     for i, step in enumerate(plan.merges):
         _ensure(r, step.training, by_key)
         applied, _ = r.merge(step, rule_state)
         made += 1
         if isinstance(applied, str):
-            divergence = Divergence(
+            divergence = divergence or Divergence(
                 step.number,
                 step.attempt_id,
                 step.epoch,
@@ -225,9 +256,18 @@ def replay_run(
         rule_state = applied.state
         if not step.folded:
             compared += 1
-            divergence = _compare(r, step, new, state_checksum(new)[0])
-            if divergence is not None:
-                break
+            stored = r.stored(step)
+            found = _compare(step, new, state_checksum(new)[0], stored)
+            if keep_going and stored is not None:
+                deviations.append(_deviation(step.number, new, stored))
+            if found is not None:
+                divergence = divergence or found
+                if not keep_going:
+                    break
+                if found.kind == "checksum" and stored is not None:
+                    # Go on from the record, so that each version's deviation is its own
+                    # merge's, not the sum of every one before it.
+                    new = r.version_from_store(step.number)
         r.versions[step.number] = new
         for n in [n for n in r.versions if n != step.number and last_use.get(n, -1) <= i]:
             del r.versions[n]  # no later training or merge reads it
@@ -248,6 +288,7 @@ def replay_run(
         r.loop_seconds,
         r.original,
         notes,
+        deviations,
     )
 
 
@@ -290,13 +331,22 @@ def _last_use(plan: ReplayPlan, by_key: dict[Any, Training]) -> dict[int, int]:
     return last
 
 
-def _compare(r: _Replayer, step: MergeStep, new: StateDict, checksum: str) -> Divergence | None:
+def _deviation(number: int, mine: StateDict, stored: StateDict) -> Deviation:
+    worst, where = 0.0, None
+    for name, a in mine.items():
+        b = stored.get(name)
+        if b is None or a.shape != b.shape or not a.is_floating_point() or not a.numel():
+            continue
+        dev = float((a.double() - b.double()).abs().max())
+        if dev > worst or (where is None and dev != dev):
+            worst, where = dev, name
+    return Deviation(number, worst, where)
+
+
+def _compare(
+    step: MergeStep, new: StateDict, checksum: str, stored: StateDict | None
+) -> Divergence | None:
     """The replayed version against the ledger's checksum and, if kept, the stored bytes."""
-    stored: StateDict | None = None
-    if step.kept:
-        row = r.ledger.get_version(r.ref.run, step.number)
-        # Unverified: the bytes as they are, to name the tensor that differs.
-        stored = r.store.read_state(row.uri, verify=False)
     if checksum != step.checksum:
         diff = first_difference(new, stored) if stored is not None else None
         return Divergence(

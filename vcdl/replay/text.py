@@ -30,5 +30,15 @@ def replay_text(report: ReplayReport) -> str:
         f"  {report.seconds:.1f} s{ratio}, of which re-training {report.train_seconds:.1f} s "
         f"(training loops {report.loop_seconds:.1f} s)",
     ]
+    off = [d for d in report.deviations if d.max_abs_deviation != 0.0]
+    if report.deviations:
+        lines.append(
+            f"  largest deviation from the stored weights: {len(off)} of "
+            f"{len(report.deviations)} versions differ"
+            + (f", most {max(d.max_abs_deviation for d in off):.3g}" if off else "")
+        )
+    # The 20 largest, in version order: enough to see where and how far.
+    worst = sorted(sorted(off, key=lambda d: -d.max_abs_deviation)[:20], key=lambda d: d.version)
+    lines += [f"    v{d.version}: {d.max_abs_deviation:.3g} ({d.tensor})" for d in worst]
     lines += [f"  note: {n}" for n in report.notes]
     return "\n".join(lines)
