@@ -120,7 +120,9 @@ class LedgerBase:
         self._engine = self._db.engine
         # PostgreSQL runs the merge path's statements on psycopg directly.
         self._pg = (
-            PgFastPath(self._engine, self._db.error) if self.backend == "postgresql" else None
+            PgFastPath(self._engine, self._db.error, self._db.display)
+            if self.backend == "postgresql"
+            else None
         )
         try:
             self._db.ensure_schema(create=create)

@@ -9,8 +9,10 @@ except the queries themselves:
   for many worker processes (see :data:`POOL_OPTIONS`); SQLite connections get
   WAL, a busy timeout, foreign keys and ``BEGIN IMMEDIATE`` for writes;
 * the transaction runner: one transaction per call, re-run whole after a
-  PostgreSQL serialization failure or deadlock, database errors turned into
-  :class:`~vcdl.errors.LedgerError` with a message that says what to do;
+  PostgreSQL serialization failure or deadlock, or after a lost connection
+  where that cannot apply a write twice (:mod:`vcdl.ledger.retry`), database
+  errors turned into :class:`~vcdl.errors.LedgerError` with a message that
+  says what to do;
 * the schema on open: Alembic migrations to head (:mod:`vcdl.ledger.migrations`),
   serialized between processes by a PostgreSQL advisory lock or SQLite's
   write lock;
@@ -86,8 +88,17 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
 from vcdl.errors import LedgerError, LedgerNotFound, UnsupportedLedger
 from vcdl.ledger import migrations
 from vcdl.ledger.foreign import not_a_database, refuse_foreign, sqlite_tables
-from vcdl.ledger.retry import TRANSIENT_RETRIES, TRANSIENT_SQLSTATES, jitter, transient_pause
+from vcdl.ledger.retry import (
+    TRANSIENT_RETRIES,
+    TRANSIENT_SQLSTATES,
+    Phase,
+    jitter,
+    ledger_outage,
+    reconnect_pause,
+    transient_pause,
+)
 from vcdl.redact import redact_url as redact_any_url
+from vcdl.transient import DEFAULT_POLICY
 
 log = logging.getLogger(__name__)
 
@@ -234,12 +245,13 @@ class LedgerEngine:
     # -- transactions -------------------------------------------------------
 
     def read(self, fn: Callable[[Connection], T]) -> T:
-        """Run ``fn``, which only reads, retried like :meth:`write`.
+        """Run ``fn``, which only reads, retried like :meth:`write`, and also after a lost
+        connection at any point.
 
         One read-only transaction on SQLite; on PostgreSQL autocommit (each
         statement sees the latest committed state).
         """
-        return self._transact(self.read_engine, fn)
+        return self._transact(self.read_engine, fn, reads=True)
 
     def single(
         self,
@@ -250,9 +262,12 @@ class LedgerEngine:
 
         On PostgreSQL ``fn`` runs in autocommit mode, every statement its own
         transaction; so ``fn`` must not write with a second statement (reads
-        that explain a failure are fine). On SQLite this is :meth:`write`.
+        that explain a failure are fine), and a connection lost after it was
+        sent is raised, not retried (the write may have been applied). On
+        SQLite this is :meth:`write`.
         """
-        return self._transact(self.single_engine, fn, on_transient)
+        autocommit = self.backend == "postgresql"
+        return self._transact(self.single_engine, fn, on_transient, autocommit=autocommit)
 
     def write(
         self,
@@ -263,7 +278,9 @@ class LedgerEngine:
 
         A PostgreSQL serialization failure or deadlock re-runs the transaction
         (it was rolled back whole), unless ``on_transient`` gives the error to
-        raise instead.
+        raise instead. A connection lost before the commit was sent re-runs it
+        too, with backoff (:mod:`vcdl.ledger.retry`); one lost during the
+        commit is raised.
         """
         return self._transact(self.engine, fn, on_transient)
 
@@ -272,25 +289,49 @@ class LedgerEngine:
         engine: Engine,
         fn: Callable[[Connection], T],
         on_transient: Callable[[], LedgerError] | None = None,
+        *,
+        reads: bool = False,
+        autocommit: bool = False,
     ) -> T:
         # Even reads can fail with a serialization error when the server's
         # default isolation is SERIALIZABLE, so every transaction may be re-run.
-        for attempt in range(TRANSIENT_RETRIES):
+        service = ledger_outage(self.display)
+        start, serial, lost = time.monotonic(), 0, 0
+        while True:
+            phase: Phase = "connect"
             try:
                 with engine.begin() as conn:
-                    return fn(conn)
+                    phase = "run"
+                    result = fn(conn)
+                    phase = "commit"
             except DBAPIError as exc:
                 sqlstate = getattr(exc.orig, "sqlstate", None)
                 transient = sqlstate in TRANSIENT_SQLSTATES
                 if transient:
-                    log.debug("ledger transaction hit SQLSTATE %s (try %d)", sqlstate, attempt + 1)
+                    log.debug("ledger transaction hit SQLSTATE %s (try %d)", sqlstate, serial + 1)
                 if transient and on_transient is not None:
                     raise on_transient() from exc
-                if transient and attempt + 1 < TRANSIENT_RETRIES:
-                    transient_pause(attempt)
+                if transient and serial + 1 < TRANSIENT_RETRIES:
+                    transient_pause(serial)
+                    serial += 1
                     continue
-                raise self.error(exc) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
+                pause = reconnect_pause(
+                    exc,
+                    phase,
+                    service,
+                    reads=reads,
+                    autocommit=autocommit,
+                    n=lost,
+                    elapsed=time.monotonic() - start,
+                )
+                if pause is None:
+                    raise self.error(exc) from exc
+                lost += 1
+                service.failed(exc, DEFAULT_POLICY, began=start, tries=lost)
+                time.sleep(pause)
+                continue
+            service.succeeded(time.monotonic())
+            return result
 
     def error(self, exc: BaseException, doing: str = "") -> LedgerError:
         """The :class:`LedgerError` to raise for a database error; no password in it.

@@ -17,9 +17,10 @@ are unchanged), ``autocommit`` on, one server-side prepared statement
 (parsed and planned once per connection, then a generic plan; a URL's
 ``prepare_threshold=None`` turns this off), the tuple row read by position, the connection back.
 
-Errors are handled as :meth:`vcdl.ledger.engine.LedgerEngine.write` does: a
+Errors are handled as :meth:`vcdl.ledger.engine.LedgerEngine.single` does: a
 serialization failure or deadlock re-runs the statement (or raises what the
-caller's ``on_transient`` gives), a unique violation propagates as SQLAlchemy's
+caller's ``on_transient`` gives), a connection that could not be had is
+waited for (:mod:`vcdl.ledger.retry`), a unique violation propagates as SQLAlchemy's
 :class:`~sqlalchemy.exc.IntegrityError`, anything else becomes a
 :class:`~vcdl.errors.LedgerError` without the password; a lost connection
 invalidates the pool, so the next call reconnects.
@@ -28,17 +29,25 @@ invalidates the pool, so the next call reconnects.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from sqlalchemy import Engine, Table
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlmodel import SQLModel
 
 from vcdl.errors import LedgerError
 from vcdl.ledger.models import UTCDateTime
-from vcdl.ledger.retry import TRANSIENT_RETRIES, TRANSIENT_SQLSTATES, transient_pause
+from vcdl.ledger.retry import (
+    TRANSIENT_RETRIES,
+    TRANSIENT_SQLSTATES,
+    Phase,
+    ledger_outage,
+    reconnect_pause,
+    transient_pause,
+)
 from vcdl.ledger.rows import load
 from vcdl.states import (
     ATTEMPT_MOVES,
@@ -47,6 +56,7 @@ from vcdl.states import (
     TERMINAL_SUBTASK_STATES,
     sources,
 )
+from vcdl.transient import DEFAULT_POLICY
 
 if TYPE_CHECKING:
     # Imported where a PostgreSQL ledger is opened: psycopg is the optional
@@ -227,12 +237,19 @@ class PgFastPath:
 
     ``engine`` is the ledger's PostgreSQL engine (its pool and pool events are
     used as they are); ``error`` turns a database error into the
-    :class:`LedgerError` to raise (password removed).
+    :class:`LedgerError` to raise (password removed); ``display`` is the
+    ledger's redacted URL, naming its outages in the log.
     """
 
-    def __init__(self, engine: Engine, error: Callable[[BaseException], LedgerError]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        error: Callable[[BaseException], LedgerError],
+        display: str = "postgresql",
+    ) -> None:
         import psycopg
 
+        self._display = display
         self._engine = engine
         self._error = error
         self._psycopg = psycopg
@@ -242,29 +259,59 @@ class PgFastPath:
         sql: str,
         params: Mapping[str, Any],
         on_transient: Callable[[], LedgerError] | None = None,
+        *,
+        reads: bool = False,
     ) -> tuple[Any, ...] | None:
-        """The first row ``sql`` returns with ``params``, or None; committed when it returns."""
-        for attempt in range(TRANSIENT_RETRIES):
+        """The first row ``sql`` returns with ``params``, or None; committed when it returns.
+
+        A connection that cannot be had is waited for with backoff; one lost after
+        the statement was sent is too if the statement ``reads`` only, and raised
+        otherwise (the write may have been applied: :mod:`vcdl.ledger.retry`).
+        """
+        service = ledger_outage(self._display)
+        start, serial, lost = time.monotonic(), 0, 0
+        while True:
+            phase: list[Phase] = ["connect"]
             try:
-                return self._once(sql, params)
+                row = self._once(sql, params, phase)
             except self._psycopg.errors.IntegrityError as exc:
                 raise IntegrityError(sql, dict(params), exc) from exc
-            except self._psycopg.Error as exc:
-                sqlstate = exc.sqlstate
-                if sqlstate not in TRANSIENT_SQLSTATES:
+            except (self._psycopg.Error, DBAPIError) as exc:
+                sqlstate = getattr(getattr(exc, "orig", exc), "sqlstate", None)
+                if sqlstate in TRANSIENT_SQLSTATES:
+                    log.debug("ledger statement hit SQLSTATE %s (try %d)", sqlstate, serial + 1)
+                    if on_transient is not None:
+                        raise on_transient() from exc
+                    if serial + 1 == TRANSIENT_RETRIES:
+                        raise self._error(exc) from exc
+                    transient_pause(serial)
+                    serial += 1
+                    continue
+                pause = reconnect_pause(
+                    exc,
+                    phase[0],
+                    service,
+                    reads=reads,
+                    autocommit=True,
+                    n=lost,
+                    elapsed=time.monotonic() - start,
+                )
+                if pause is None:
                     raise self._error(exc) from exc
-                log.debug("ledger statement hit SQLSTATE %s (try %d)", sqlstate, attempt + 1)
-                if on_transient is not None:
-                    raise on_transient() from exc
-                if attempt + 1 == TRANSIENT_RETRIES:
-                    raise self._error(exc) from exc
-                transient_pause(attempt)
-        raise AssertionError("unreachable")  # pragma: no cover
+                lost += 1
+                service.failed(exc, DEFAULT_POLICY, began=start, tries=lost)
+                time.sleep(pause)
+                continue
+            service.succeeded(time.monotonic())
+            return row
 
-    def _once(self, sql: str, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    def _once(
+        self, sql: str, params: Mapping[str, Any], phase: list[Phase]
+    ) -> tuple[Any, ...] | None:
         # A connection from the engine's pool: its checkout events (the ping
         # after idle) run as for any other ledger call.
         fairy = self._engine.raw_connection()
+        phase[0] = "run"
         conn: psycopg.Connection[Any] = fairy.driver_connection  # type: ignore[assignment]
         try:
             # Autocommit: the statement is its own transaction, no BEGIN and

@@ -3,9 +3,10 @@
 This module owns the connection of a store to where its bytes live.
 :class:`Backend` wraps one root URL: a local directory through Zarr's
 ``LocalStore``, anything else (``s3://bucket/prefix``...) through its
-``FsspecStore`` with a private s3fs client, and a read-only twin of either for
-reads. It checks the paths a caller gives against the root (:meth:`Backend.rel`),
-runs coroutines on Zarr's I/O loop and turns backend failures into
+``FsspecStore`` with a private s3fs client (its transient errors retried,
+:mod:`vcdl.store.s3retry`), and a read-only twin of either for reads. It
+checks the paths a caller gives against the root (:meth:`Backend.rel`), runs
+coroutines on Zarr's I/O loop and turns backend failures into
 :class:`StoreError` saying what to check (:meth:`Backend.run`); a missing
 bucket is named as such, never reported as a missing group. What a group's
 write, read and removal do to the backend is :mod:`vcdl.store.groups`'s.
@@ -80,6 +81,12 @@ class Backend:
                 # default (max_concurrency > 1) adds a HEAD per GET to plan
                 # ranged reads, which doubled read time on the S3 endpoint here.
                 options.setdefault("max_concurrency", 1)
+                # One retry policy, not two stacked: botocore's own retries
+                # (seconds in all) would hide an outage's start from ours, which
+                # logs it (vcdl/store/s3retry.py). A user's own setting stands.
+                config = dict(options.get("config_kwargs") or {})
+                config.setdefault("retries", {"total_max_attempts": 1})
+                options["config_kwargs"] = config
             try:
                 self.store = FsspecStore.from_url(self.url, storage_options=options)
             except (ValueError, TypeError, ImportError) as exc:
@@ -96,6 +103,11 @@ class Backend:
                     f"{redact_text(str(exc))}; "
                     "check store.url and store.storage_options"
                 ) from exc
+        if self._protocol in ("s3", "s3a") and isinstance(self.store, FsspecStore):
+            # Imported here: botocore and aiohttp come with s3fs, not with vcdl.
+            from vcdl.store import s3retry
+
+            s3retry.install(self.store.fs, f"store {redact_url(self.url)}")
         self.reader = self.store.with_read_only(True)
         if isinstance(self.store, FsspecStore):
             # An asynchronous s3fs leaves closing its HTTP session to its owner;
