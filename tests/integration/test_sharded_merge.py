@@ -245,3 +245,28 @@ def test_without_enough_chunks_one_merger_does_it_all(tmp_path: Path) -> None:
     store.write_state("r", {"w": torch.zeros(10)})
     got = merge(store, rule, head, [Step(store.reader("r"), 0.5)], "v2", 4)
     assert got.applied is not None and torch.equal(got.applied.weights["w"], torch.full((10,), 0.5))
+
+
+def test_without_room_in_shared_memory_one_merger_does_it_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A container's 64 MB /dev/shm: the same merge by one merger, said once."""
+    rule = merge_rule(MergeSection(rule="vc_asgd"))
+    head, result, _ = states(7, torch.float32)
+    store = WeightStore(str(tmp_path))
+    store.write_state("r", result)
+    want = merge(store, rule, head, [Step(store.reader("r"), 0.5)], "v1", 1)
+
+    class Full:
+        f_bavail, f_frsize = 0, 4096
+
+    monkeypatch.setattr(sharded.os, "statvfs", lambda _: Full())
+    monkeypatch.setattr(sharded, "_WARNED", False)
+
+    def no_fork() -> int:
+        raise AssertionError("forked a merger without room for it")
+
+    monkeypatch.setattr(sharded.os, "fork", no_fork)
+    got = merge(store, rule, head, [Step(store.reader("r"), 0.5)], "v2", 2)
+    assert "/dev/shm has 0 MB free" in caplog.text
+    assert got.checksum == want.checksum

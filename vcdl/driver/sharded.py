@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import math
 import os
 import pickle
@@ -113,7 +114,8 @@ def _once(
     placed = [Placed(p.name, p.array, p.offset, math.prod(p.shape)) for p in packed]
     arrays = [ArrayChunks(n, a.length, a.chunk_elems, a.itemsize) for n, a in layouts.items()]
     ranges = plan_ranges(arrays, k)
-    if len(ranges) < 2:  # fewer chunks than mergers: one merger does it all
+    if len(ranges) < 2 or not _room_in_shm(head, out, rule.keeps_state):
+        # Fewer chunks than mergers, or no room to share: one merger does it all.
         version.abort()
         return streamed_fold(
             rule, head, steps, writer, state=state, out=out, batch_bytes=batch_bytes
@@ -204,6 +206,34 @@ def _once(
             new_state[STEP_KEY] = torch.tensor(steps_seen[0], dtype=torch.int64)
         new_state.update((n, v) for n, v in state_out.items() if n not in first)
     return Streamed(Applied(weights, new_state), None, checksum, busy)
+
+
+def _room_in_shm(head: StateDict, out: StateDict | None, keeps_state: bool) -> bool:
+    """Whether shared memory (``/dev/shm``) holds the new weights and rule state; if not
+    (a container's default 64 MB), say so once and merge with one merger."""
+    need = sum(t.nbytes for t in (out or head).values() if out is None or not t.is_shared())
+    if keeps_state:  # the momentum: float32 at most twice a half-precision model
+        need += 2 * sum(t.nbytes for t in head.values() if t.is_floating_point())
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return True  # not Linux's tmpfs: torch finds its own place
+    if st.f_bavail * st.f_frsize >= need + (64 << 20):
+        return True
+    global _WARNED
+    if not _WARNED:
+        _WARNED = True
+        log.warning(
+            "merge.mergers: /dev/shm has %d MB free, the merge needs %d MB of shared memory; "
+            "merging with one merger (give the driver more, e.g. docker run --shm-size)",
+            st.f_bavail * st.f_frsize >> 20,
+            need >> 20,
+        )
+    return False
+
+
+_WARNED = False
+log = logging.getLogger(__name__)
 
 
 def _shared_state(
