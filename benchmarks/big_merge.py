@@ -24,8 +24,15 @@ a model):
   (Before ``merge.fold`` was built, ``folded`` ran k streamed merges with the
   first k - 1 writing nowhere: the estimate in docs/results.md.)
 
+* ``sharded`` -- ``streamed`` by 2 merger processes (``merge.mergers = 2``,
+  ``vcdl.driver.sharded``): each merges and writes its range of the chunks;
+* ``streamed-int8`` and ``sharded-int8`` -- the same two for an int8 result
+  (``merge.result_precision = "int8_delta"``, decoded against its base, the
+  head, in memory as the driver's cache holds it): where a merger is CPU-bound.
+
 For ``streamed``, the seconds each stage was busy (read, merge, write; they
-overlap) are printed too.
+overlap) are printed too. With ``sharded`` beside ``streamed`` (and their
+int8 pair), K = 2's merges per second are reported against K = 1's.
 
 The spare buffers (the next head) are allocated and touched before the
 clock starts, as the driver's cache holds them after its first merges.
@@ -40,6 +47,7 @@ parameters; peak memory <= baseline + 3x the model's bytes at 100M and 1B.
     python -m benchmarks.big_merge --params 1e8 --repeats 5
     python -m benchmarks.big_merge --params 2.5e7 1e8 --modes serial folded --fold 4
     python -m benchmarks.big_merge --params 1e8 --embedding-rows 8192 --modes streamed folded
+    python -m benchmarks.big_merge --params 1e8 --modes streamed sharded streamed-int8 sharded-int8
 """
 
 from __future__ import annotations
@@ -60,7 +68,10 @@ from typing import Any
 from benchmarks.harness import REPO, add_common_options, emit_summary, human_output, median
 
 SIDE = 4096
-MODES = ("streamed", "whole", "serial", "folded")
+MODES = ("streamed", "whole", "serial", "folded", "sharded", "streamed-int8", "sharded-int8")
+QUICK = ("streamed", "whole", "serial", "folded", "sharded")
+SHARDED = {"sharded": "streamed", "sharded-int8": "streamed-int8"}
+"""Each K = 2 contender and its K = 1 twin."""
 FOLDING = ("serial", "folded")
 """The contenders that merge ``--fold`` results; their seconds are per result."""
 
@@ -69,9 +80,12 @@ def layer_count(params: float, side: int) -> int:
     return max(1, round(params / (side * side + side)))
 
 
-def write_states(store_dir: str, layers: int, side: int = SIDE, embedding: int = 0) -> int:
+def write_states(
+    store_dir: str, layers: int, side: int = SIDE, embedding: int = 0, int8: bool = False
+) -> int:
     """Head and result groups of ``layers`` layers (after an ``embedding`` x ``side``
-    token embedding if ``embedding``), written in parts (bounded memory)."""
+    token embedding if ``embedding``), written in parts (bounded memory); with ``int8``,
+    the result as an int8 change too."""
     import torch
 
     from vcdl.store import WeightStore
@@ -101,7 +115,27 @@ def write_states(store_dir: str, layers: int, side: int = SIDE, embedding: int =
                 }
             )
         writer.commit()
+    if int8:
+        write_int8(store)
     return sum(s.nbytes for s in specs)
+
+
+def write_int8(store: Any) -> None:
+    """The result as an int8 change from the head (``int8_delta``), a tensor at a time."""
+    import torch
+
+    from vcdl.merge.codec import encode
+    from vcdl.store.streaming import specs_of
+
+    head, result = store.reader("head"), store.reader("result")
+    specs = []
+    for s in head.specs:  # the encoding's specs, from zeros of each tensor's shape
+        zeros = {s.name: torch.zeros(s.shape, dtype=s.dtype)}
+        specs += specs_of(encode(zeros, zeros, "int8_delta"))
+    writer = store.writer("result-int8", specs)
+    for s in head.specs:
+        writer.write(encode(result.read([s.name]), head.read([s.name]), "int8_delta"))
+    writer.commit()
 
 
 def child(store_dir: str, mode: str, out: str, batch_mb: str, fold: str = "1") -> None:
@@ -109,7 +143,7 @@ def child(store_dir: str, mode: str, out: str, batch_mb: str, fold: str = "1") -
     import torch
 
     from vcdl.config import MergeSection
-    from vcdl.driver.streamed import Step, streamed_fold, streamed_merge
+    from vcdl.driver.streamed import Decoded, Step, streamed_fold, streamed_merge
     from vcdl.merge.rules import merge_rule
     from vcdl.store import WeightStore
     from vcdl.store.streaming import specs_of
@@ -124,7 +158,10 @@ def child(store_dir: str, mode: str, out: str, batch_mb: str, fold: str = "1") -
     spare = {k: torch.empty_like(t) for k, t in head.items()}
     for t in spare.values():
         t.zero_()
+        if mode.startswith("sharded"):  # as the driver's cache holds them after one merge
+            t.share_memory_()
     stages: dict[str, float] = {}
+    cpu0 = _cpu_seconds()
     start = time.perf_counter()
     if mode == "folded":
         k = int(fold)
@@ -141,19 +178,23 @@ def child(store_dir: str, mode: str, out: str, batch_mb: str, fold: str = "1") -
         # streamed is one merge (fold 1) that writes its version.
         k, specs = int(fold), specs_of(head)
         for i in range(k):
+            source: Any = store.reader("result")
+            if mode.endswith("-int8"):  # decoded against its base: the head, in memory
+                source = Decoded(store.reader("result-int8"), head, "int8_delta")
             got = streamed_merge(
                 rule,
                 head,
-                store.reader("result"),
+                source,
                 0.5,
                 functools.partial(store.writer, f"version-{i}", specs),
                 out=spare,
                 batch_bytes=int(float(batch_mb) * (1 << 20)),
+                mergers=2 if mode.startswith("sharded") else 1,
             )
             assert got.applied is not None, got.reason
             # The output is the next merge's head; the old head its buffers.
             head, spare = got.applied.weights, head
-        if mode == "streamed":
+        if mode != "serial":
             stages = dict(got.timings or {})
     else:
         result = store.read_state("result")
@@ -163,10 +204,23 @@ def child(store_dir: str, mode: str, out: str, batch_mb: str, fold: str = "1") -
         store.checksum("version")
         del result
     seconds = time.perf_counter() - start
+    cpu = _cpu_seconds() - cpu0
     peak = _peak_bytes()
     Path(out).write_text(
-        json.dumps({"seconds": seconds, "baseline": baseline, "peak": peak, "stages": stages})
+        json.dumps(
+            {"seconds": seconds, "cpu": cpu, "baseline": baseline, "peak": peak, "stages": stages}
+        )
     )
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and its finished children (the mergers): on a shared
+    machine, a figure other processes' load inflates far less than wall time."""
+    own, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def _current_bytes() -> int:
@@ -234,7 +288,8 @@ def bench(
     with tempfile.TemporaryDirectory(prefix="vcdl-big-merge-") as tmp:
         store_dir = os.path.join(tmp, "store")
         t = time.perf_counter()
-        nbytes = write_states(store_dir, layers, side, embedding)
+        int8 = any(m.endswith("-int8") for m in modes)
+        nbytes = write_states(store_dir, layers, side, embedding, int8)
         print(
             f"[{params:.0e}] wrote head and result: {nbytes / 1e9:.2f} GB each in "
             f"{time.perf_counter() - t:.1f} s",
@@ -249,6 +304,7 @@ def bench(
                 per = fold if mode in FOLDING else 1
                 r = run_child(store_dir, mode, tmp, batch_mb, per)
                 r["seconds"] /= per
+                r["cpu"] = r.get("cpu", 0.0) / per
                 runs[mode].append(r)
                 busy = ", ".join(f"{k} {v:.2f}" for k, v in r["stages"].items())
                 print(
@@ -276,6 +332,7 @@ def _row(mode: str, runs: list[dict[str, Any]], nbytes: int, fold: int) -> dict[
     above = max(r["peak"] - r["baseline"] for r in runs)
     row: dict[str, Any] = {
         "seconds": round(seconds, 3),
+        "cpu_seconds": round(median(r.get("cpu", 0.0) for r in runs), 3),
         "gb_per_s": round(nbytes / seconds / 1e9, 3),
         "peak_above_baseline_gb": round(above / 1e9, 3),
         "peak_over_model": round(above / nbytes, 2),
@@ -325,6 +382,16 @@ def report(results: list[dict[str, Any]]) -> list[str]:
                 f"version write: {folded['seconds']:.2f} s a result against "
                 f"{serial['seconds']:.2f} s ({saved:.0%} less)"
             )
+        for k2, k1 in SHARDED.items():
+            two, one = r["rows"].get(k2), r["rows"].get(k1)
+            if two is not None and one is not None:
+                ratio = one["seconds"] / two["seconds"]
+                r.setdefault("k2_over_k1", {})[k1] = round(ratio, 2)
+                print(
+                    f"{r['params'] / 1e6:.0f}M {k1}: K = 1 {1 / one['seconds']:.2f} merges/s, "
+                    f"K = 2 {1 / two['seconds']:.2f} merges/s ({ratio:.2f}x); CPU s a merge "
+                    f"{one['cpu_seconds']:.2f} and {two['cpu_seconds']:.2f}"
+                )
     for v in verdicts:
         print(v)
     return verdicts
@@ -354,7 +421,7 @@ def main() -> None:
     add_common_options(
         p,
         quick_help="CI: 17M parameters in 1024 x 1024 layers, 4-MB batches, 1 repeat, every "
-        "contender (serial and folded with 2 results)",
+        "full-precision contender (serial and folded with 2 results)",
         repeats_default=3,
     )
     p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
@@ -366,7 +433,7 @@ def main() -> None:
     fold, wanted = args.fold, args.modes
     if args.quick:
         params, repeats, side, batch_mb = [1.68e7], 1, 1024, 4.0
-        fold, wanted = 2, list(MODES)
+        fold, wanted = 2, list(QUICK)
     if fold < 1:
         p.error(f"--fold must be at least 1, got {fold}")
     unknown = sorted(set(wanted) - set(MODES))
