@@ -3,6 +3,8 @@
 :mod:`.datasets` (layout, write, open, read rows), :mod:`.cache` (decoded
 splits per worker process), :mod:`.importers` (npz, text, Parquet/Arrow),
 :mod:`.decoded` (what an imported file decodes to, checked before it is read),
+:mod:`.parquet_read` (a Parquet file read within the import's memory ceiling:
+footer, page headers, then batch by batch),
 :mod:`.builtin` (digits, MNIST-1D, the Python language reference),
 :mod:`.shards` (shard plans), :mod:`.stream` (a shard read chunk by chunk).
 """

@@ -18,9 +18,11 @@ input is one :class:`~vcdl.errors.DataError` line (the CLI's exit 2) and
 nothing in the store. What a file will decode to is checked from its
 metadata before anything is decoded (:mod:`vcdl.data.decoded`: zip sizes and
 ratios, every member's ``.npy`` header, Arrow buffer lengths, Parquet row
-counts): past the import's memory ceiling or ratio limit it is refused with
-nothing allocated; below them it is read in bounded chunks into memory of
-the size checked. Only regular files are read (a FIFO or a device is refused).
+counts and page headers): past the import's memory ceiling or ratio limit it
+is refused with nothing allocated; below them it is read in bounded chunks
+into memory of the size checked (a Parquet file batch by batch, refused as
+soon as what it decoded passes the ceiling: :mod:`vcdl.data.parquet_read`).
+Only regular files are read (a FIFO or a device is refused).
 """
 
 from __future__ import annotations
@@ -41,12 +43,12 @@ from vcdl.data.decoded import (
     CHUNK,
     ipc_decoded_bytes,
     npz_members,
-    parquet_decoded_bytes,
     read_npy_member,
     refuse_over_limit,
     regular_file,
     unreadable_path,
 )
+from vcdl.data.parquet_read import read_parquet
 from vcdl.errors import DataError
 
 TEXT_VOCAB = 256
@@ -427,23 +429,8 @@ def _read_ipc(p: Path) -> Any:
 
 
 def _read_parquet(p: Path) -> Any:
-    """A Parquet file: schema and decoded size from its metadata, then read."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    meta = pq.read_metadata(p)
-    schema = meta.schema.to_arrow_schema()
-    _check_schema(schema, str(p))
-    refuse_over_limit(str(p), parquet_decoded_bytes(meta, schema), p.stat().st_size)
-    split = schema.field("split").type if "split" in schema.names else None
-    # A string 'split' column stays dictionary-encoded: a few labels, not one string a row.
-    textual = split is not None and (
-        pa.types.is_string(split)
-        or pa.types.is_large_string(split)
-        or pa.types.is_binary(split)
-        or pa.types.is_large_binary(split)
-    )
-    return pq.read_table(p, read_dictionary=["split"] if textual else None)
+    """A Parquet file, read within the import's ceiling (:mod:`vcdl.data.parquet_read`)."""
+    return read_parquet(p, _check_schema)
 
 
 def _read_table(p: Path) -> Any:
