@@ -29,7 +29,17 @@ class UsageError(Exception):
 
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message, self.format_usage())
+        raise UsageError(message, self.short_usage())
+
+    def short_usage(self) -> str:
+        """The usage on one line: what must be given, ``[options]`` for the rest and where
+        they are listed. argparse's own block ran to 8 lines before the error's one."""
+        required = [a for a in self._actions if not a.option_strings or a.required]
+        formatter = argparse.HelpFormatter(self.prog, width=10_000)
+        formatter.add_usage(self.usage, required, [], prefix="")
+        given = formatter.format_help().strip().removeprefix(self.prog).strip()
+        options = " [options]" if any(a.option_strings for a in self._actions) else ""
+        return f"usage: {self.prog}{options} {given} (`{self.prog} --help` lists them)\n"
 
 
 if TYPE_CHECKING:
