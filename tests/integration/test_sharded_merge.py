@@ -16,6 +16,7 @@ import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -270,3 +271,20 @@ def test_without_room_in_shared_memory_one_merger_does_it_all(
     got = merge(store, rule, head, [Step(store.reader("r"), 0.5)], "v2", 2)
     assert "/dev/shm has 0 MB free" in caplog.text
     assert got.checksum == want.checksum
+
+
+def test_k_mergers_on_s3_write_the_bytes_of_one(s3_bucket_url: tuple[str, Any]) -> None:
+    """A merger opens the store afresh after the fork (the parent's S3 client is bound to
+    the parent's I/O loop): on a real S3 endpoint (moto), the bytes of one merger."""
+    url, options = s3_bucket_url
+    rule = merge_rule(MergeSection(rule="delta"))
+    head, result, base = states(8, torch.bfloat16)
+    store = WeightStore(url, options)
+    store.write_state("r", encode(result, base, "int8_delta"))
+    store.write_state("base-r", base)
+    runs = {k: merge(store, rule, head, [sources(store, "int8_delta", base, rule, "r")], f"v{k}", k)
+            for k in (1, 2)}  # fmt: skip
+    assert runs[2].applied is not None and runs[1].applied is not None
+    assert_bitwise(runs[2].applied.weights, runs[1].applied.weights)
+    assert runs[2].checksum == runs[1].checksum == store.checksum("v2")
+    assert_bitwise(store.read_state("v2"), store.read_state("v1"))
