@@ -37,8 +37,10 @@ from vcdl.runtime import (
 if TYPE_CHECKING:
     from vcdl.data import DatasetInfo
     from vcdl.driver.gc import GcReport
+    from vcdl.replay.diff import RunDiff
     from vcdl.replay.runner import Progress as ReplayProgress
     from vcdl.replay.runner import ReplayReport
+    from vcdl.replay.whatif import WhatIfReport
     from vcdl.store import WeightStore
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "check_scheduler",
     "collect_garbage",
     "data_store",
+    "diff",
     "existing_ledger",
     "import_dataset",
     "load_config",
@@ -64,6 +67,7 @@ __all__ = [
     "run_ref",
     "status",
     "train",
+    "what_if",
 ]
 
 #: Seconds :func:`collect_garbage` holds the run's lease between renewals (a killed gc
@@ -302,6 +306,30 @@ def replay(
 
     ref = run_ref(name, home, ledger_url)
     return replay_run(ref, first=first, last=last, progress=progress, keep_going=keep_going)
+
+
+def what_if(
+    name: str,
+    new_name: str,
+    reject: str,
+    home: str | Path | None = None,
+    ledger_url: str | None = None,
+    *,
+    progress: ReplayProgress | None = None,
+) -> WhatIfReport:
+    """Re-execute run ``name`` without attempt ``reject``'s merge into run ``new_name``."""
+    from vcdl.replay.whatif import what_if as into
+
+    return into(run_ref(name, home, ledger_url), new_name, reject=reject, progress=progress)
+
+
+def diff(
+    name: str, other: str, home: str | Path | None = None, ledger_url: str | None = None
+) -> RunDiff:
+    """Where runs ``name`` and ``other`` part, and both heads' test metrics."""
+    from vcdl.replay.diff import diff_runs
+
+    return diff_runs(run_ref(name, home, ledger_url), run_ref(other, home, ledger_url))
 
 
 # --------------------------------------------------------------------------

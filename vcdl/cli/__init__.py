@@ -7,7 +7,7 @@ command to its handler, and :func:`main` runs it:
 - :mod:`.train`: ``train``, ``resume``
 - :mod:`.chaos`: ``chaos``
 - :mod:`.runs`: ``runs``, ``status``, ``story``, ``cost``, ``audit``, ``gc``
-- :mod:`.replay`: ``replay``
+- :mod:`.replay`: ``replay``, ``diff``
 - :mod:`.export`: ``export``, ``evaluate``
 - :mod:`.serve`: ``serve``
 - :mod:`.data`: ``data make``, ``data import``, ``data list``
@@ -54,6 +54,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "status": runs.status_command,
     "story": runs.story_command,
     "replay": replay.replay_command,
+    "diff": replay.diff_command,
     "cost": runs.cost_command,
     "audit": runs.audit_command,
     "gc": runs.gc_command,

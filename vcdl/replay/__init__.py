@@ -7,6 +7,8 @@
 - :mod:`.runner`: the replay carried out: re-train, re-merge in the ledger's
   order, compare each version with the ledger's checksum and the stored bytes
 - :mod:`.text`: the report as lines for the terminal
+- :mod:`.whatif`: the run re-executed without one attempt's merge, into a new run
+- :mod:`.diff`: where two runs part (pure) and both heads' test metrics
 
 What a replay guarantees and what it cannot: docs/replay.md.
 """
