@@ -116,9 +116,15 @@ def recorded_config(
     ledger_url: str | None = None,
     ledger: Ledger | None = None,
 ) -> RunConfig:
-    """The config run ``name`` was recorded with (RunNotFound if there is no such run)."""
-    ledger = ledger if ledger is not None else existing_ledger(home, ledger_url)
-    return RunConfig.model_validate_json(ledger.get_run(name).config)
+    """The config run ``name`` was recorded with (RunNotFound if there is no such run).
+
+    A ledger it opens itself it closes again, found or not: a reader's connection
+    left open keeps SQLite's ``-wal`` and ``-shm`` files beside the ledger.
+    """
+    if ledger is not None:
+        return RunConfig.model_validate_json(ledger.get_run(name).config)
+    with existing_ledger(home, ledger_url) as opened:
+        return RunConfig.model_validate_json(opened.get_run(name).config)
 
 
 def default_ledger_url(home: str | Path | None = None) -> str:

@@ -4,10 +4,13 @@ Through the CLI, as a user runs it: an ``.npz`` zip bomb (a 1 GiB member of
 zeros in about 1 MB), ``.npz`` members whose headers claim petabytes
 whatever their names, members that are not arrays, 0-d arrays, duplicate
 names, an Arrow IPC stream and file and a Parquet file that decode to 1 GiB
-from a few hundred KB, ``/dev/zero``, a FIFO, and a context length no text
-can fill. Each is exit 2 and one line, no traceback, nothing written; the
-peak memory of a refused import, measured in a child process, stays within
-256 MB of a child that only imports the modules.
+from a few hundred KB, a Parquet file whose footer says 1,000 rows over a
+page of 1 GiB (tests/parquetcraft.py), a CSV given as a table, ``/dev/zero``,
+a FIFO, and a context length no text can fill. Each is exit 2 and one line,
+no traceback, and nothing written: a home holding a data set, a ledger and a
+log is byte for byte what it was (tests/homesnap.py). The peak memory of a
+refused import, measured in a child process, stays within 256 MB of a child
+that only imports the modules.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from vcdl.cli import main
+
+from ..homesnap import assert_unchanged, copy_home, populated_home, snapshot
+from ..parquetcraft import lying_parquet
 
 # Under `pytest -n 2` this runs with no other test beside it (tests/lanes.py):
 # it measures memory.
@@ -115,6 +121,18 @@ CASES: dict[str, tuple[str, Callable[[Path], None] | None, list[str], str]] = {
     "ipc-stream-bomb": ("bomb.arrow", lambda p: _ipc(p, stream=True), [], "would decode to"),
     "ipc-file-bomb": ("bomb.feather", lambda p: _ipc(p, stream=False), [], "would decode to"),
     "parquet-bomb": ("bomb.parquet", _parquet, [], "would decode to 1.0 GiB"),
+    "parquet-page-bomb": (
+        "pages.parquet",
+        lambda p: lying_parquet(p, page_bytes=GIB),
+        [],
+        "(by its page headers): 33.3 KiB would decode to 2.0 GiB",
+    ),
+    "csv-as-table": (
+        "rows.csv",
+        lambda p: p.write_text("x,y\n1,2\n3,4\n"),
+        ["--format", "table"],
+        "not a readable Parquet or Arrow file",
+    ),
     "dev-zero": ("/dev/zero", None, [], "not a regular file"),
     "dev-zero-npz": ("/dev/zero", None, ["--format", "npz"], "not a regular file"),
     "fifo": ("pipe.txt", lambda p: os.mkfifo(p), [], "not a regular file"),
@@ -128,7 +146,14 @@ CASES: dict[str, tuple[str, Callable[[Path], None] | None, list[str], str]] = {
 }
 
 #: The cases whose decoding would take far more than the allowed peak.
-BOMBS = ["npz-zip-bomb", "npz-unsuffixed-claim", "ipc-stream-bomb", "parquet-bomb", "dev-zero"]
+BOMBS = [
+    "npz-zip-bomb",
+    "npz-unsuffixed-claim",
+    "ipc-stream-bomb",
+    "parquet-bomb",
+    "parquet-page-bomb",
+    "dev-zero",
+]
 
 
 @pytest.fixture(scope="module")
@@ -144,16 +169,27 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
+@pytest.fixture(scope="module")
+def home_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A home as a user has one: a data set, a ledger, a log."""
+    return populated_home(tmp_path_factory.mktemp("template") / "home")
+
+
 def _argv(path: Path, home: Path, extra: list[str]) -> list[str]:
     return ["data", "import", str(path), "--name", "x", "--home", str(home), *extra]
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_hostile_import_is_exit_2_one_line_and_writes_nothing(
-    case: str, inputs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    case: str,
+    inputs: dict[str, Path],
+    home_template: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     _, _, extra, needle = CASES[case]
-    home = tmp_path / "home"
+    home = copy_home(home_template, tmp_path / "home")
+    before = snapshot(home)
     with pytest.raises(SystemExit) as info:
         main(_argv(inputs[case], home, extra))
     out, err = capsys.readouterr()
@@ -161,8 +197,7 @@ def test_a_hostile_import_is_exit_2_one_line_and_writes_nothing(
     assert info.value.code == 2, err
     assert 1 <= len(lines) <= 3 and "Traceback" not in out + err, out + err
     assert lines[0].startswith("vcdl: error: ") and needle in lines[0], lines[0]
-    datasets = home / "store" / "datasets"
-    assert not datasets.exists() or not any(datasets.iterdir())
+    assert_unchanged(before, home)
 
 
 def _child_peak(code: str, *args: str) -> tuple[int, int, str]:

@@ -10,6 +10,8 @@ import pytest
 
 from vcdl.cli import main
 
+from ..homesnap import assert_unchanged, copy_home, populated_home, snapshot
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -19,20 +21,20 @@ def vcdl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int | str | No
     return ended.value.code, capsys.readouterr().err
 
 
-@pytest.mark.parametrize(
-    ("setting", "said"),
-    [
-        ("run.seed=1208925819614629174706176", "less than or equal to 4294967295"),
-        ("train.lr=true", "train.lr: must be a number, not a string or true/false (got True)"),
-        ('run.epochs="1"', "run.epochs: must be a number, not a string or true/false (got '1')"),
-        ('merge.fold="2"', "merge.fold: must be a number"),
-        ('run.name="."', "cannot name a run"),
-        ('run.name=".."', "cannot name a run"),
-        ('run.name="__x"', "cannot name a run"),
-        # No cluster.address: vcdl's LocalCluster workers offer no GPU (it waited forever).
-        ("cluster.task_resources={GPU=1}", "asks each shard task for GPU=1, but the 2 local"),
-    ],
-)
+BAD_VALUES = [
+    ("run.seed=1208925819614629174706176", "less than or equal to 4294967295"),
+    ("train.lr=true", "train.lr: must be a number, not a string or true/false (got True)"),
+    ('run.epochs="1"', "run.epochs: must be a number, not a string or true/false (got '1')"),
+    ('merge.fold="2"', "merge.fold: must be a number"),
+    ('run.name="."', "cannot name a run"),
+    ('run.name=".."', "cannot name a run"),
+    ('run.name="__x"', "cannot name a run"),
+    # No cluster.address: vcdl's LocalCluster workers offer no GPU (it waited forever).
+    ("cluster.task_resources={GPU=1}", "asks each shard task for GPU=1, but the 2 local"),
+]
+
+
+@pytest.mark.parametrize(("setting", "said"), BAD_VALUES)
 def test_a_bad_value_is_refused_in_one_line_and_nothing_is_written(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], setting: str, said: str
 ) -> None:
@@ -65,15 +67,21 @@ def _deep(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize(
-    ("make", "said"),
-    [
-        (_fifo, "is not a regular file"),
-        (lambda _: Path("/dev/zero"), "is not a regular file"),
-        (_deep, "nests tables too deeply"),
-        (lambda p: p / "nope.toml", "not found"),
-    ],
-)
+def _huge(tmp_path: Path) -> Path:
+    path = tmp_path / "big.toml"
+    path.write_text("# padding\n" * 200_000)  # 2 MB of comments
+    return path
+
+
+BAD_FILES = [
+    (_fifo, "is not a regular file"),
+    (lambda _: Path("/dev/zero"), "is not a regular file"),
+    (_deep, "nests tables too deeply"),
+    (lambda p: p / "nope.toml", "not found"),
+]
+
+
+@pytest.mark.parametrize(("make", "said"), BAD_FILES)
 def test_a_config_that_is_no_config_file_is_refused_without_reading_it_whole(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], make: object, said: str
 ) -> None:
@@ -85,9 +93,7 @@ def test_a_config_that_is_no_config_file_is_refused_without_reading_it_whole(
 
 
 def test_a_huge_config_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "big.toml"
-    path.write_text("# padding\n" * 200_000)  # 2 MB of comments
-    code, err = vcdl(capsys, "train", str(path), "--home", str(tmp_path / "home"))
+    code, err = vcdl(capsys, "train", str(_huge(tmp_path)), "--home", str(tmp_path / "home"))
     assert code == 2 and "over 1 MiB" in err, err
 
 
@@ -236,13 +242,13 @@ def test_a_run_log_that_cannot_be_written_is_refused_before_the_run(
     home = tmp_path / "home"
     home.mkdir()
     make(home / "logs")  # type: ignore[operator]
+    before = snapshot(home)
     code, err = vcdl(capsys, "train", str(REPO / "examples" / "digits.toml"), "--home", str(home))
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert said in lines[0], err
-    # The built-in data set may be generated into the store by the preflight; nothing of the run.
-    assert not (home / "ledger.db").exists() and not (home / "prefect").exists()
-    assert sorted(p.name for p in home.iterdir()) in (["logs"], ["logs", "store"])
+    # Refused before the preflight: no built-in data set made (it was), no ledger, no Prefect.
+    assert_unchanged(before, home)
 
 
 def test_resources_local_workers_offer_are_not_refused() -> None:
@@ -261,3 +267,47 @@ def test_resources_local_workers_offer_are_not_refused() -> None:
     # A scheduler's workers may join later: not asked.
     remote = gpu.model_copy(update={"address": "tcp://10.0.0.1:8786"})
     assert local_resources_problem(remote) is None
+
+
+# --------------------------------------------------------------------------
+# Nothing written: a home with a data set, a ledger and a log, byte for byte
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def home_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return populated_home(tmp_path_factory.mktemp("template") / "home")
+
+
+DIGITS = str(REPO / "examples" / "digits.toml")
+REFUSALS = [
+    *((("train", DIGITS, "--set", setting), said) for setting, said in BAD_VALUES),
+    *((("train", make), said) for make, said in [*BAD_FILES, (_huge, "over 1 MiB")]),
+    (("train", DIGITS, "--run", "a" * 10_000), "give a run name of at most"),
+    (("train", DIGITS, "--run", ""), "--run: an empty run name"),
+    (("train", DIGITS, "--workers", "0"), "0 is out of range: 1 to 1024"),
+    (("resume", "digits", "--workers", "2000"), "2000 is out of range"),
+    (("resume", "nothing-of-that-name"), "nothing-of-that-name"),
+    (("export", "digits", "--version", str(2**80), "--out", "x.pt"), "out of range: 0 to"),
+    (("evaluate", "digits", "--version", str(2**80)), "out of range: 0 to"),
+    (("data", "make", "digits", "--name", "a/b"), "'a/b' cannot name a data set; use"),
+]
+
+
+@pytest.mark.parametrize(("args", "said"), REFUSALS)
+def test_a_refusal_leaves_a_home_with_a_data_set_ledger_and_log_byte_for_byte(
+    home_template: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    args: tuple[object, ...],
+    said: str,
+) -> None:
+    """Every file under the home, its bytes, mode and time, and every folder: as before."""
+    home = copy_home(home_template, tmp_path / "home")
+    before = snapshot(home)
+    argv = [str(a(tmp_path)) if callable(a) else str(a) for a in args]
+    code, err = vcdl(capsys, *argv, "--home", str(home))
+    lines = err.strip().splitlines()
+    assert code == 2 and 1 <= len(lines) <= 3 and "Traceback" not in err, err
+    assert said in lines[-1], err
+    assert_unchanged(before, home)

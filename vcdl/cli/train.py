@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from vcdl.chaos import DEFAULT_START
 from vcdl.cli.parser import WORKERS, Parser, checked_name
 from vcdl.cli.runs import print_summary
-from vcdl.config_files import writable_home
+from vcdl.config_files import load_config, writable_home
 from vcdl.diskfull import room_for_run
 
 if TYPE_CHECKING:
@@ -124,13 +124,12 @@ def train_command(args: argparse.Namespace) -> int:
     _check_chaos(args)
     home = writable_home(args.home)
     room_for_run(home)  # before a built-in data set is made, or Prefect starts
-    cfg = api.resolve(
-        args.config,
-        run_name=checked_name("--run", args.run, "run"),
-        workers=args.workers,
-        overrides=[*args.overrides, *_port(args)],
-        home=home,
-    )
+    run_name = checked_name("--run", args.run, "run")
+    loaded = load_config(args.config, [*args.overrides, *_port(args)])
+    if run_name is not None:
+        loaded = loaded.updated(run={"name": run_name})
+    _check_log(home, loaded)
+    cfg = api.resolve(loaded, workers=args.workers, home=home)
     return _run(args, cfg, home)
 
 
@@ -141,14 +140,23 @@ def resume_command(args: argparse.Namespace) -> int:
     home = writable_home(args.home)
     room_for_run(home)  # before a built-in data set is made, or Prefect starts
     recorded = api.recorded_config(args.run, home=args.home, ledger_url=args.ledger)
+    _check_log(home, recorded)
     cfg = api.resolve(recorded, workers=args.workers, overrides=_port(args), home=home)
     return _run(args, cfg, home)
 
 
-def _run(args: argparse.Namespace, cfg: RunConfig, home: Path) -> int:
-    from vcdl import api
+def _check_log(home: Path, cfg: RunConfig) -> None:
+    """A folder, or a file vcdl cannot write, where the run's log goes: one line, before
+    the preflight of :func:`vcdl.api.resolve` writes anything (a built-in data set)."""
     from vcdl.config_files import run_log_path
     from vcdl.display import check_run_log
+
+    assert cfg.run.name is not None
+    check_run_log(run_log_path(home, cfg.run.name))
+
+
+def _run(args: argparse.Namespace, cfg: RunConfig, home: Path) -> int:
+    from vcdl import api
     from vcdl.views.datasets import baseline_line
     from vcdl.worker.speed import speeds_label
 
@@ -157,8 +165,6 @@ def _run(args: argparse.Namespace, cfg: RunConfig, home: Path) -> int:
     assert cfg.run.name is not None
     # A run another driver is running: refused before Prefect or a cluster starts.
     api.check_not_driven(cfg)
-    # A folder, or a file vcdl cannot write, where the run's log goes: one line, now.
-    check_run_log(run_log_path(home, cfg.run.name))
     if cfg.cluster.address:
         # Before the run is recorded: a mistyped address or a scheduler not yet
         # up is one line now, not a traceback after the connect timeout.
