@@ -224,17 +224,25 @@ def test_a_bad_result_is_rejected_by_k_mergers_with_nothing_left(tmp_path: Path)
     assert store.list("") == ["r"]
 
 
-def test_a_corrupt_tensor_crossing_a_boundary_is_found_by_the_driver(tmp_path: Path) -> None:
-    """No merger reads all of w0 (it crosses the ranges' boundary): the driver verifies it."""
+@pytest.mark.parametrize(
+    ("chunk", "at", "k"),
+    # w0 (2-D): no merger reads all of it, the driver verifies it whole. w4 (a
+    # vector, across a boundary at K = 7): each merger reads it whole, verified.
+    [("c.3", 100, 3), ("c.11", 128, 7)],
+    ids=["rows-by-the-driver", "vector-by-each-merger"],
+)
+def test_a_corrupt_tensor_crossing_a_boundary_is_found(
+    tmp_path: Path, chunk: str, at: int, k: int
+) -> None:
     rule = merge_rule(MergeSection(rule="vc_asgd"))
     head, result, _ = states(6, torch.float32)
     store = WeightStore(str(tmp_path))
     store.write_state("r", result)
-    chunk = tmp_path / "r" / "float32" / "c.3"  # inside w0 (84 kB from the start)
-    data = bytearray(chunk.read_bytes())
-    data[100] ^= 0xFF
-    chunk.write_bytes(bytes(data))
-    got = merge(store, rule, head, [Step(store.reader("r"), 0.5)], "v2", 3)
+    path = tmp_path / "r" / "float32" / chunk
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+    got = merge(store, rule, head, [Step(store.reader("r"), 0.5)], "v2", k)
     assert got.applied is None and "unreadable" in (got.reason or ""), got.reason
     assert store.list("") == ["r"]
 

@@ -157,7 +157,8 @@ def _once(
             os.close(write_end)
             children[pid] = (r.index, read_end)
         # Meanwhile: the inputs no merger saw whole, verified here.
-        problem = _verify_split(steps, split)
+        # (A vector or scalar across a boundary is read whole, verified, by each merger.)
+        problem = _verify_split(steps, {n for n in split if _in_rows(head[n])})
         reports, died = _collect(children)
     except BaseException:
         _kill(children)
@@ -297,6 +298,11 @@ def _merger(job: Job, index: int, pieces: list[Piece], fd: int) -> None:
             os.close(fd)
         finally:
             os._exit(code)
+
+
+def _in_rows(t: torch.Tensor) -> bool:
+    """Whether a merger reads its part of ``t`` in rows (as :mod:`.merger` batches it)."""
+    return t.dim() >= 2 and t.shape[0] > 1
 
 
 def _verify_split(steps: Sequence[Step], split: set[str]) -> tuple[int, str] | None:
