@@ -535,6 +535,23 @@ def test_second_merge_of_a_subtask_is_already_merged(ledger: Ledger) -> None:
     assert (sub.state, sub.attempts, sub.merged_version) == ("merged", 3, 1)
 
 
+def test_a_merge_repeated_after_its_answer_was_lost_is_the_same_merge(ledger: Ledger) -> None:
+    """PostgreSQL's fast path repeats a commit whose connection died on the way back
+    (vcdl/ledger/retry.py): finding its own merge committed, it returns it."""
+    new_run(ledger, "a")
+    attempt = ledger.start_attempt("a", 0, 0, "w1")
+    ledger.finish_attempt(attempt.id, state="finished", result_uri="a/r")
+    same = {"expected_head": 0, "uri": "a/v1-x", "checksum": "s1", "alpha": 0.5, "staleness": 0}
+    first = ledger.commit_merge("a", attempt.id, **same)  # type: ignore[arg-type]
+    again = ledger.commit_merge("a", attempt.id, **same)  # type: ignore[arg-type]
+    assert again == first and again.number == 1
+    assert ledger.get_attempt(attempt.id).state == "merged"
+    assert len(ledger.versions("a")) == 2
+    # Another merge of it (another group) is still refused.
+    with pytest.raises(AlreadyMerged):
+        ledger.commit_merge("a", attempt.id, **(same | {"uri": "a/v1-y"}))  # type: ignore[arg-type]
+
+
 def test_unique_constraint_is_the_backstop(ledger: Ledger) -> None:
     """A version for the subtask that bypassed the checks (a racing merger) wins."""
     new_run(ledger, "a")

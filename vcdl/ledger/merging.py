@@ -133,8 +133,10 @@ class MergeQueries(VersionQueries):
     ) -> Version:
         """Make the attempt's merged weights version ``expected_head + 1`` and the head.
 
-        One transaction. Raises :class:`AlreadyMerged` (after marking the
-        attempt "duplicate") if the subtask has a merged version, and
+        One transaction, safe to repeat: the same merge (attempt, ``uri``,
+        ``checksum``) found already committed returns its version. Raises
+        :class:`AlreadyMerged` (after marking the attempt "duplicate") if the
+        subtask has another merged version, and
         :class:`HeadConflict` (changing nothing) if the head is no longer
         ``expected_head``: merge onto the current head and call again. That
         head comes with the error when it is known (:class:`HeadMoved`), so
@@ -195,7 +197,9 @@ class MergeQueries(VersionQueries):
                 result = self._db.single(tx, on_transient=conflict)
             else:
                 try:
-                    pg_row = self._pg.fetch_one(_PG_COMMIT_MERGE, params, on_transient=conflict)
+                    pg_row = self._pg.fetch_one(
+                        _PG_COMMIT_MERGE, params, on_transient=conflict, repeatable=True
+                    )
                 except IntegrityError as exc:
                     raise _LostRace() from exc
                 result = outcome(_merge_row(pg_row), lambda: self.head(name))
@@ -209,6 +213,13 @@ class MergeQueries(VersionQueries):
             result = merged
         if isinstance(result, tuple):
             number, state = result
+            if state == "merged":
+                # This very merge, committed by an earlier try whose answer the
+                # network lost (the fast path repeats it: vcdl/ledger/retry.py):
+                # done, not a duplicate, whose caller would delete the version's group.
+                mine = self.get_version(name, number)
+                if (mine.uri, mine.checksum) == (uri, checksum):
+                    return mine
             what = "it was this attempt" if state == "merged" else "attempt recorded as duplicate"
             raise AlreadyMerged(
                 f"subtask of attempt {attempt_id} (run {name!r}) is already merged as "

@@ -260,12 +260,13 @@ class PgFastPath:
         params: Mapping[str, Any],
         on_transient: Callable[[], LedgerError] | None = None,
         *,
-        reads: bool = False,
+        repeatable: bool = False,
     ) -> tuple[Any, ...] | None:
         """The first row ``sql`` returns with ``params``, or None; committed when it returns.
 
         A connection that cannot be had is waited for with backoff; one lost after
-        the statement was sent is too if the statement ``reads`` only, and raised
+        the statement was sent is too if the statement is ``repeatable`` (a read, or
+        a write whose caller recognizes its own earlier effect), and raised
         otherwise (the write may have been applied: :mod:`vcdl.ledger.retry`).
         """
         service = ledger_outage(self._display)
@@ -291,7 +292,7 @@ class PgFastPath:
                     exc,
                     phase[0],
                     service,
-                    reads=reads,
+                    reads=repeatable,
                     autocommit=True,
                     n=lost,
                     elapsed=time.monotonic() - start,

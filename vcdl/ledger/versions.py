@@ -22,7 +22,7 @@ class VersionQueries(LedgerBase):
     def head(self, name: str) -> Version:
         """The version the run's head points to."""
         if self._pg is not None:
-            row = self._pg.fetch_one(_PG_HEAD, {"name": name}, reads=True)
+            row = self._pg.fetch_one(_PG_HEAD, {"name": name}, repeatable=True)
             if row is not None:
                 return _VERSION_ROW.load(row)
             # No such run (or no version row): the error, as SQLite finds it.
