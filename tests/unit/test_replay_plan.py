@@ -115,7 +115,7 @@ def test_a_staleness_the_lineage_contradicts_is_refused() -> None:
     batch_size=st.integers(1, 25),
     data=st.data(),
 )
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 def test_stop_at_ends_training_at_the_recorded_samples(
     n: int, local_epochs: int, batch_size: int, data: st.DataObject
 ) -> None:
