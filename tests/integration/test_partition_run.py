@@ -1,12 +1,14 @@
-"""Item 5 of issue 50: a run whose store is cut off for 20 s mid-run finishes, nothing lost.
+"""Item 5 of issue 50: a run whose store (and ledger) is cut off for 20 s mid-run finishes.
 
-A real run (the train flow, a LocalCluster of two workers, an SQLite ledger)
-whose weight store is S3 (moto on loopback) reached only through the fleet
-harness's userspace proxy (benchmarks/netfleet/proxy.py; no namespace needed).
-Once the first result is merged, the proxy resets every connection to the
-store and every new one for ``CUT`` seconds: the driver's merges (reading
-results and the head, writing versions) and the workers' reads and writes
-all fail for that long. They must stall and go on (vcdl/store/s3retry.py):
+A real run (the train flow, a LocalCluster of two workers) whose weight store
+is S3 (moto on loopback) reached only through the fleet harness's userspace
+proxy (benchmarks/netfleet/proxy.py; no namespace needed); its ledger is an
+SQLite file, or PostgreSQL through the same proxy. Once the first result is
+merged, the proxy resets every connection to the store (and the ledger) and
+every new one for ``CUT`` seconds: the driver's merges (reading results and
+the head, writing versions, committing) and the workers' reads and writes all
+fail for that long. They must stall and go on (vcdl/store/s3retry.py,
+vcdl/ledger/retry.py):
 the run completes, every subtask merged exactly once, ``audit --deep``
 clean, and the driver logs the outage once when it starts and once when it
 ends. What the cut cost is printed (``-s``) for docs/fault-tolerance.md.
@@ -22,6 +24,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from benchmarks.netfleet.proxy import DRIVER, LinkProxy
 from tests.logrecords import RecordingHandler
@@ -62,14 +65,27 @@ def _cut_after_first_merge(ledger_url: str, proxy: LinkProxy, cuts: list[float])
             continue
 
 
-def test_a_20s_store_partition_stalls_merges_and_the_run_completes(
-    prefect_api: None, s3_endpoint: str, proxy: LinkProxy, tmp_path: Path
+@pytest.mark.parametrize("ledger_kind", ["sqlite", "postgresql"])
+def test_a_20s_partition_stalls_merges_and_the_run_completes(
+    prefect_api: None,
+    s3_endpoint: str,
+    proxy: LinkProxy,
+    tmp_path: Path,
+    ledger_kind: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     target = urlsplit(s3_endpoint)
     host, port = proxy.add_route("s3", "127.0.0.1", (target.hostname or "", target.port or 0))
     bucket = make_bucket(s3_endpoint)
     home = tmp_path / "home"
-    ledger_url = f"sqlite:///{home / 'ledger.db'}"
+    if ledger_kind == "sqlite":
+        ledger_url = watch_url = f"sqlite:///{home / 'ledger.db'}"
+    else:
+        # The run's ledger through the proxy, cut with the store; the test watches directly.
+        watch_url = request.getfixturevalue("pg_url")
+        parsed = make_url(watch_url)
+        pg = proxy.add_route("pg", "127.0.0.1", (parsed.host or "", parsed.port or 5432))
+        ledger_url = parsed.set(host=pg[0], port=pg[1]).render_as_string(hide_password=False)
     cfg = parse_config(
         {
             "run": {"name": RUN, "epochs": EPOCHS},
@@ -88,7 +104,7 @@ def test_a_20s_store_partition_stalls_merges_and_the_run_completes(
     logger.addHandler(recorded)
     cuts: list[float] = []
     cutter = threading.Thread(
-        target=_cut_after_first_merge, args=(ledger_url, proxy, cuts), daemon=True
+        target=_cut_after_first_merge, args=(watch_url, proxy, cuts), daemon=True
     )
     began = time.monotonic()
     cutter.start()
@@ -103,7 +119,7 @@ def test_a_20s_store_partition_stalls_merges_and_the_run_completes(
     assert summary["state"] == "completed", summary
     assert cuts, "the run ended before its first merge was seen: nothing was cut"
     assert ended - cuts[0] > CUT, "the run ended during the cut"
-    ref = api.run_ref(RUN, home=home)
+    ref = api.run_ref(RUN, home=home, ledger_url=watch_url)
     ledger = ref.ledger()
     subtasks = ledger.subtasks(RUN)
     assert len(subtasks) == SHARDS * EPOCHS
@@ -120,7 +136,7 @@ def test_a_20s_store_partition_stalls_merges_and_the_run_completes(
     assert starts and len(starts) == len(ends), lines
     attempts = ledger.attempts(RUN)
     print(
-        f"\nrun {ended - began:.1f} s, cut {CUT:.0f} s at +{cuts[0] - began:.1f} s; "
+        f"\n{ledger_kind}: run {ended - began:.1f} s, cut {CUT:.0f} s at +{cuts[0] - began:.1f} s; "
         f"attempts {len(attempts)} for {len(subtasks)} subtasks "
         f"({sorted({a.state for a in attempts})}); driver's log: {lines}"
     )
