@@ -145,6 +145,7 @@ run_attempt(ref, 0, 1, config=RunConfig.model_validate_json(sys.argv[2]))
 def test_a_killed_worker_resumed_from_its_checkpoint_replays_bit_for_bit(tmp_path: Path) -> None:
     cfg = config(
         tmp_path,
+        epochs=1,
         model={
             "factory": "tests.integration.replay_models:killed_at",
             "kwargs": {"marker": str(tmp_path / "killed"), "kill_at": 4},
