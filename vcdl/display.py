@@ -6,7 +6,9 @@ Two jobs at the edge of the CLI, both kept off the driver's threads:
   Prefect, Dask, the worker processes and the Prefect server write to
   stderr, to the run's log file ``<home>/logs/<run>.log`` for the block; the
   terminal stays reachable through :attr:`RunLog.terminal`. A regular file
-  takes writes without blocking, so no console can stall the driver.
+  takes writes without blocking, so no console can stall the driver. A log
+  whose disk fills mid-run loses its tail, not the run: the writers drop
+  what fails, and the run's end says so in one line on the terminal.
 * :class:`Display` shows the run on that terminal: in a terminal a live
   rich display (progress bar of the epoch's shards, head, latest metrics,
   kills/reissues/rejections, elapsed and time left) with warnings and errors
@@ -96,8 +98,30 @@ def check_run_log(path: Path) -> None:
         raise ConfigError(f"the run's log {path}: {problem}; {todo}, or pass another --home")
 
 
+def _append(path: Path, text: str) -> None:
+    """Append ``text`` to ``path`` whole, or raise the OSError that stopped it (a short
+    write on a disk that just filled is written on until the disk says so)."""
+    data = memoryview(text.encode())
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+    finally:
+        os.close(fd)
+
+
+def _stamp() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 class RunLog:
-    """File descriptor 2 goes to ``path`` (appended) for the block; the terminal is kept."""
+    """File descriptor 2 goes to ``path`` (appended) for the block; the terminal is kept.
+
+    The log's disk full at the start is :class:`~vcdl.errors.DiskFull` (exit 2, before
+    the run); full by the end, the block ends saying so on the terminal
+    (:attr:`cut_short`) and the run's outcome stands: its state is in the ledger
+    and the store, not in its log.
+    """
 
     def __init__(self, path: Path, header: str) -> None:
         self.path, self.header = path, header
@@ -106,17 +130,25 @@ class RunLog:
         self.start_offset = 0
         self.keep_terminal = False
         """Set when a writer may still be blocked on the terminal: it is left open then."""
+        self.cut_short: str | None = None
+        """Why the log lost its tail (its disk filled), once the block has ended."""
 
     def __enter__(self) -> RunLog:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-            os.write(fd, f"=== {self.header} at {stamp} (pid {os.getpid()}) ===\n".encode())
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as exc:
+            self._full(exc)
+            raise
+        try:
+            _append(self.path, f"=== {self.header} at {_stamp()} (pid {os.getpid()}) ===\n")
             self.start_offset = os.fstat(fd).st_size
             sys.stderr.flush()
             self._saved = os.dup(2)
             os.dup2(fd, 2)
+        except OSError as exc:
+            self._full(exc)
+            raise
         finally:
             os.close(fd)
         # Its own descriptor: closing it never closes the saved one.
@@ -134,10 +166,46 @@ class RunLog:
             os.dup2(self._saved, 2)
             os.close(self._saved)
             self._saved = None
+        # The log's last line: where the disk filled, the one write that tells.
+        try:
+            _append(self.path, f"=== {self.header} ended at {_stamp()} ===\n")
+        except OSError as exc:
+            self.cut_short = _full_reason(exc)
+        if self.cut_short is not None:
+            with contextlib.suppress(Exception):
+                print(
+                    f"vcdl: warning: the run's log {self.path} is cut short: its disk is full "
+                    f"({self.cut_short}); free space on it for the next run's log (the run's "
+                    "state is in its ledger and store, not in its log)",
+                    file=sys.stderr,
+                    flush=True,
+                )
         if not self.keep_terminal:
             with contextlib.suppress(Exception):
                 self.terminal.close()
         self.terminal = sys.stderr
+
+    def _full(self, exc: OSError) -> None:
+        """Raise :class:`~vcdl.errors.DiskFull` for a log that cannot start on a full disk."""
+        from vcdl.errors import DiskFull
+
+        reason = _full_reason(exc)
+        if reason is not None:
+            raise DiskFull(
+                f"the run's log {self.path}: its disk is full ({reason}); free space on it, "
+                "or pass another --home"
+            ) from None
+
+
+def _full_reason(exc: OSError) -> str | None:
+    """``exc``'s words when it says the disk (or a quota) is full, else None."""
+    import errno
+
+    if exc.errno == errno.ENOSPC:
+        return "no space left on device"
+    if exc.errno == errno.EDQUOT:
+        return "disk quota exceeded"
+    return None
 
 
 class _Tail(threading.Thread):

@@ -3,12 +3,15 @@
 On a real full disk, not a mocked write: a tmpfs of 1 MiB mounted for the
 test (root only; skipped where it cannot be mounted), so the machine's own
 disk is never filled. An import that fills it, a run whose home has no room
-for Prefect's database, a ledger SQLite cannot grow, and (slow) a run whose
-store fills up between versions.
+for Prefect's database, a ledger SQLite cannot grow, (slow) a run whose
+store fills up between versions, and a run whose log's disk (a tmpfs mounted
+on ``<home>/logs``) is full when it starts, or fills while it trains (slow):
+the run finishes, audits clean, and ends saying its log is cut short.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -151,3 +154,122 @@ def test_a_store_that_fills_during_a_run_is_one_line_naming_resume(
     assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert lines[0].startswith("vcdl: error: the disk is full (no space left on device"), err
     assert "`vcdl resume full` continues the run" in lines[0], err
+
+
+@pytest.fixture
+def log_disk(tmp_path: Path) -> Iterator[Path]:
+    """A home whose ``logs`` folder is a 1 MiB file system of its own, unmounted after."""
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command")
+    home = tmp_path / "home"
+    home.mkdir()
+    _mount(home / "logs", "1m")
+    try:
+        yield home
+    finally:
+        subprocess.run(["umount", "-l", str(home / "logs")], check=False, capture_output=True)
+
+
+def test_a_run_whose_log_cannot_start_on_a_full_disk_is_one_line(
+    log_disk: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The log's disk full before the run: exit 2 saying so, nothing of the run recorded."""
+    _fill(log_disk / "logs")
+    cfg = tmp_path / "good.toml"
+    cfg.write_text(GOOD.replace("[run]", "[run]\nname = 'full'"))
+    code, _, err = _run(["train", str(cfg), "--home", str(log_disk)], capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) <= 3 and "Traceback" not in err, err
+    assert lines[-1] == (
+        f"vcdl: error: the run's log {log_disk / 'logs' / 'full.log'}: its disk is full (no "
+        "space left on device); free space on it, or pass another --home"
+    ), err
+    assert not (log_disk / "ledger.db").exists()
+
+
+@pytest.mark.slow
+def test_a_run_whose_log_fills_mid_run_finishes_and_says_so(
+    log_disk: Path, tmp_path: Path, prefect_api_url: str
+) -> None:
+    """A log with a kilobyte of room left (its last page's): Prefect's, Dask's and the
+    workers' lines fill it early in the run. Before: the run finished, exit 0, the log
+    silently cut short (nothing said where it ended). The run finishes, its ledger and
+    store audit clean, and its last line on the terminal says the log was cut short."""
+    log = log_disk / "logs" / "full.log"
+    log.write_text("an earlier session's lines\n" * 110)  # 3 KB: 1 KB left in its page
+    _fill(log_disk / "logs")
+    cfg = tmp_path / "good.toml"
+    cfg.write_text(
+        GOOD.replace("[run]", "[run]\nname = 'full'").replace("epochs = 2", "epochs = 1")
+    )
+    env = dict(os.environ, PREFECT_API_URL=prefect_api_url, PREFECT_HOME=str(tmp_path / "p"))
+    argv = [sys.executable, "-m", "vcdl.cli", "train", str(cfg), "--home", str(log_disk)]
+    done = subprocess.run(
+        [*argv, "--workers", "1", "--set", "data.shards=1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    err = done.stderr
+    said = [line for line in err.splitlines() if line.startswith("vcdl: ")]
+    assert done.returncode == 0 and "Traceback" not in err, err[-3000:]
+    assert said[-1] == (
+        f"vcdl: warning: the run's log {log} is cut short: its disk is full (no space left on "
+        "device); free space on it for the next run's log (the run's state is in its ledger "
+        "and store, not in its log)"
+    ), err[-3000:]
+    assert "run full: completed" in done.stdout, done.stdout
+    assert "=== vcdl train full at " in log.read_text()  # its start, not its end
+    from vcdl import api
+    from vcdl.views.audit import audit_run
+
+    assert audit_run(api.run_ref("full", log_disk), deep=True) == []
+
+
+def test_a_log_whose_disk_fills_inside_the_block_ends_saying_so(
+    log_disk: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """What the run's writers do to a full log: Python's logging to stderr, a raw write
+    to file descriptor 2, a child process that inherited it. None of them stops the
+    block; its end says the log is cut short."""
+    import logging
+
+    from vcdl.display import RunLog
+
+    log = log_disk / "logs" / "run.log"
+    log.write_text("an earlier session's lines\n" * 110)  # 3 KB: 1 KB left in its page
+    _fill(log_disk / "logs")
+    logger = logging.getLogger("vcdl.test.fulllog")
+    with RunLog(log, "vcdl train run") as runlog:
+        # A worker's lines: the child fills the last page and gets ENOSPC for the rest.
+        subprocess.run(["sh", "-c", "head -c 100000 /dev/zero >&2"], check=False)
+        with pytest.raises(OSError, match="No space left"):
+            os.write(2, b"y" * 8000)
+        # Prefect's and Dask's lines (pytest's capture stands in for sys.stderr here).
+        with os.fdopen(os.dup(2), "w") as stderr:
+            handler = logging.StreamHandler(stderr)
+            logger.addHandler(handler)
+            try:
+                logger.error("x" * 8000)  # logging drops what it cannot write
+            finally:
+                logger.removeHandler(handler)
+                with contextlib.suppress(OSError):
+                    stderr.flush()
+    assert runlog.cut_short == "no space left on device"
+    _, err = capfd.readouterr()
+    assert err.splitlines()[-1].startswith(f"vcdl: warning: the run's log {log} is cut short"), err
+    assert log.read_text().startswith("an earlier session's lines\n")
+
+
+def test_a_log_with_room_ends_with_its_end_line(tmp_path: Path) -> None:
+    from vcdl.display import RunLog
+
+    log = tmp_path / "logs" / "run.log"
+    with RunLog(log, "vcdl train run") as runlog:
+        os.write(2, b"a line\n")
+    assert runlog.cut_short is None
+    lines = log.read_text().splitlines()
+    assert lines[0].startswith("=== vcdl train run at ") and lines[1] == "a line"
+    assert lines[-1].startswith("=== vcdl train run ended at ")
