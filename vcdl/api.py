@@ -180,6 +180,7 @@ def preflight(cfg: RunConfig) -> None:
     anything is written (a built-in data set is made here)."""
     from vcdl.driver.runs import check_sizes, ensure_dataset, new_model
     from vcdl.metrics.exporter import check_endpoint
+    from vcdl.models.factory import resolve_factory
     from vcdl.objectives import objective_for
     from vcdl.reach import local_resources_problem
     from vcdl.runcode import run_check, run_specs
@@ -199,6 +200,9 @@ def preflight(cfg: RunConfig) -> None:
     specs = run_specs(cfg.model.factory, cfg.train.objective, cfg.train.metrics)
     importable_here(code_dirs(cfg.run.code_dir), specs)
     objective = objective_for(cfg.train, cfg.data.fields)
+    # The model factory's module, imported before the first write: one that fails or
+    # exits when imported is refused with nothing written (a built-in data set was).
+    resolve_factory(cfg.model.factory)
     # The ledger, read before the first write (a built-in data set): someone else's
     # database, or a run another driver holds, is refused with nothing written.
     check_not_driven(cfg)

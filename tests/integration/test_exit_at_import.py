@@ -1,7 +1,8 @@
 """A user module that exits when imported fails `vcdl train` with one line, never exit 0.
 
 It ended `vcdl train` with exit 0, nothing trained and nothing said
-(sys.exit(0) or os._exit(0) at the module's top level).
+(sys.exit(0) or os._exit(0) at the module's top level). Refused now before
+anything is written: the home is not even made.
 """
 
 from __future__ import annotations
@@ -38,4 +39,5 @@ def test_vcdl_train_refuses_a_module_that_exits_at_import(tmp_path: Path, body: 
     assert done.returncode == 2, done.stderr
     assert len(lines) <= 3 and "Traceback" not in done.stderr, done.stderr
     assert "exits_here" in lines[-1] and "while being imported" in lines[-1], lines
-    assert not (tmp_path / "h" / "ledger.db").exists()  # no run was created
+    # Nothing written: no run, and no built-in data set either (it was made first).
+    assert not (tmp_path / "h").exists(), sorted(p.name for p in (tmp_path / "h").iterdir())
