@@ -36,6 +36,9 @@ T = TypeVar("T")
 log = logging.getLogger("vcdl.transient")
 
 MIN_DEADLINE: Final = 60.0  # seconds; the partition a run must survive
+# Retries of a service that never answered the process: about as many as
+# botocore's own (turned off for S3: vcdl/store/s3retry.py), 2 s at most.
+FIRST_CONTACT_RETRIES: Final = 3
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,12 @@ class Outage:
         # than an outage, and waiting a minute to say so helps nobody.
         self.answered = False
 
+    def may_retry(self, n: int) -> bool:
+        """Whether a call that failed transiently after ``n`` retries may be retried at all
+        (the policy's deadline aside): always, once the service has answered this process;
+        before, only :data:`FIRST_CONTACT_RETRIES` times (a blip, not a minute)."""
+        return self.answered or n < FIRST_CONTACT_RETRIES
+
     def failed(
         self, error: BaseException, policy: RetryPolicy, *, began: float, tries: int
     ) -> None:
@@ -109,7 +118,7 @@ class Outage:
         a blip (a pooled connection the server had closed), retried without a word."""
         with self._lock:
             self.retried += 1
-            if self.since is not None or tries < 2:
+            if self.since is not None or tries < 2 or not self.answered:
                 return
             self.since, self.outages = began, self.outages + 1
         log.warning(
@@ -159,7 +168,8 @@ def retry_call(
 ) -> T:
     """``call()``, repeated after each error ``transient`` accepts until ``policy`` gives up.
 
-    A service that never answered this process is not retried: its first error is raised.
+    A service that never answered this process is retried only
+    :data:`FIRST_CONTACT_RETRIES` times, without a log line.
     """
     start = clock()
     n = 0
@@ -214,7 +224,7 @@ def _pause(
     elapsed: float,
     rng: random.Random,
 ) -> float | None:
-    if not service.answered or not transient(error):
+    if not service.may_retry(n) or not transient(error):
         return None
     return policy.next_pause(n, elapsed, rng)
 

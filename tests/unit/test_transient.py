@@ -22,6 +22,7 @@ from vcdl.ledger.retry import lost_connection, reconnect_pause, safe_to_repeat
 from vcdl.store import s3retry
 from vcdl.transient import (
     DEFAULT_POLICY,
+    FIRST_CONTACT_RETRIES,
     MIN_DEADLINE,
     Outage,
     RetryPolicy,
@@ -145,12 +146,11 @@ def test_a_call_is_given_up_at_the_deadline_with_its_own_error() -> None:
     assert service.since is not None  # still out: the next success logs its end
 
 
-def test_refusals_and_a_service_never_reached_are_raised_at_once() -> None:
+def test_refusals_are_raised_at_once() -> None:
     clock = Clock()
     for error, service in [
         (ChecksumMismatch("v3: checksum mismatch"), _answered("store")),
         (LeaseLost("taken over"), _answered("ledger")),
-        (ConnectionRefusedError("refused"), Outage("never answered")),
     ]:
 
         def call(error: Exception = error) -> None:
@@ -162,6 +162,23 @@ def test_refusals_and_a_service_never_reached_are_raised_at_once() -> None:
         with pytest.raises(type(error)):
             retry_call(call, transient, service, sleep=clock.sleep, clock=clock)
     assert clock.now == 0
+
+
+def test_a_service_never_reached_is_retried_briefly_and_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A wrong endpoint fails in about two seconds, not after the 90-s deadline."""
+    clock, service, calls = Clock(), Outage("never answered"), 0
+
+    def call() -> None:
+        nonlocal calls
+        calls += 1
+        raise ConnectionRefusedError("refused")
+
+    with caplog.at_level(logging.WARNING, "vcdl.transient"), pytest.raises(ConnectionRefusedError):
+        retry_call(call, lambda e: True, service, sleep=clock.sleep, clock=clock)
+    assert calls == FIRST_CONTACT_RETRIES + 1 and clock.now <= 2
+    assert caplog.records == [] and service.outages == 0
 
 
 def test_the_async_loop_retries_without_blocking_its_event_loop() -> None:
@@ -286,7 +303,7 @@ def test_a_write_whose_commit_may_have_landed_is_never_repeated() -> None:
         is None
     )
     assert (
-        reconnect_pause(lost, "run", Outage("new"), reads=True, autocommit=True, n=0, elapsed=0)
+        reconnect_pause(lost, "run", Outage("new"), reads=True, autocommit=True, n=3, elapsed=0)
         is None
     )
     assert (

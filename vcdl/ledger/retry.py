@@ -99,9 +99,9 @@ def reconnect_pause(
 ) -> float | None:
     """The pause before running a call again after ``error`` in ``phase`` (``n`` such
     pauses taken, ``elapsed`` seconds since the call began), or None: raise it. Only a
-    lost connection, on a ledger that answered this process before, safe to repeat, within
-    the policy's deadline."""
-    if not (service.answered and lost_connection(error)):
+    lost connection, safe to repeat, within the policy's deadline (a ledger that never
+    answered this process: a few quick retries, :meth:`~vcdl.transient.Outage.may_retry`)."""
+    if not (service.may_retry(n) and lost_connection(error)):
         return None
     if not safe_to_repeat(phase, reads=reads, autocommit=autocommit):
         return None
