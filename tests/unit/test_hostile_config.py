@@ -279,6 +279,12 @@ def home_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return populated_home(tmp_path_factory.mktemp("template") / "home")
 
 
+def _text(tmp_path: Path) -> Path:
+    path = tmp_path / "short.txt"
+    path.write_text("some text " * 100)
+    return path
+
+
 DIGITS = str(REPO / "examples" / "digits.toml")
 REFUSALS = [
     *((("train", DIGITS, "--set", setting), said) for setting, said in BAD_VALUES),
@@ -291,6 +297,8 @@ REFUSALS = [
     (("export", "digits", "--version", str(2**80), "--out", "x.pt"), "out of range: 0 to"),
     (("evaluate", "digits", "--version", str(2**80)), "out of range: 0 to"),
     (("data", "make", "digits", "--name", "a/b"), "'a/b' cannot name a data set; use"),
+    (("data", "import", _text, "--name", "t", "--context", "1e19"), "invalid int value: '1e19'"),
+    (("data", "import", _text, "--name", "t", "--context", "-1"), "context must be >= 1 token"),
 ]
 
 
