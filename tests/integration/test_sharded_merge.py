@@ -167,19 +167,23 @@ def test_a_fold_across_k_mergers_is_the_fold_of_one(tmp_path: Path, rule_name: s
     assert_same(store, tmp_path, runs[1], runs[2], 2)
 
 
-def kill_once(marker: Path, merger: int, batch: int) -> Callable[[int, int], None]:
-    """A hook that SIGKILLs merger ``merger`` at its batch ``batch``, in the first try only."""
+def kill_once(
+    marker: Path, merger: int, batch: int, sig: int = signal.SIGKILL
+) -> Callable[[int, int], None]:
+    """A hook that sends ``sig`` to merger ``merger`` at its batch ``batch``, in the first
+    try only."""
 
     def hook(index: int, at: int) -> None:
         if index == merger and at == batch and not marker.exists():
             marker.touch()
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), sig)
 
     return hook
 
 
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_a_merger_killed_mid_merge_is_redone_and_leaves_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: int
 ) -> None:
     rule = merge_rule(MergeSection(rule="diloco"))
     head, result, base = states(3, torch.float32)
@@ -187,7 +191,7 @@ def test_a_merger_killed_mid_merge_is_redone_and_leaves_nothing(
     store.write_state("r", result)
     store.write_state("base-r", base)
     want = merge(store, rule, head, [sources(store, "full", base, rule, "r")], "v1", 1)
-    monkeypatch.setattr(merger, "BEFORE_BATCH", kill_once(tmp_path / "killed", 1, 2))
+    monkeypatch.setattr(merger, "BEFORE_BATCH", kill_once(tmp_path / "killed", 1, 2, sig))
     got = merge(store, rule, head, [sources(store, "full", base, rule, "r")], "v2", 2)
     assert (tmp_path / "killed").exists()  # it was killed, and the merge redone
     assert_same(store, tmp_path / "s", want, got, 2)

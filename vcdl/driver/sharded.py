@@ -283,6 +283,11 @@ def _merger(job: Job, index: int, pieces: list[Piece], fd: int) -> None:
     code = 1
     report = Report()
     try:
+        # The driver decides what Ctrl-C (sent to the whole process group) does to a
+        # merge, and a stop signal (SIGTERM) just ends a merger: the driver's own
+        # handler, which winds a run down, is not a merger's.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _die_with_parent()
         torch.set_num_threads(1)  # K mergers are the parallelism; and fork-safe
         report = merge_range(job, index, pieces, job.version.reopened_groups())
