@@ -206,17 +206,17 @@ def page_decoded_bytes(path: Path, meta: Any, schema: Any) -> int:
     ``meta`` is the file's ``pyarrow.parquet.FileMetaData``, ``schema`` its
     Arrow schema. Raises ``ValueError`` for a header that cannot be read.
     """
-    widths = {field.name: _leaf_width(field.type) for field in schema}
-    widths["split"] = 8  # a label a row, as the footer's count has it
+    # A label a row for 'split', as the footer's count has it. Every column an import
+    # takes is one leaf, in the schema's order: the j-th column chunk is the j-th field.
+    widths = [8 if field.name == "split" else _leaf_width(field.type) for field in schema]
     file_size = path.stat().st_size
     total = 0
     with open(path, "rb") as f:
         for i in range(meta.num_row_groups):
             group = meta.row_group(i)
             for j in range(group.num_columns):
-                column = group.column(j)
-                name = column.path_in_schema.split(".")[0]
-                total += _chunk_pages(f, column, widths.get(name, 0), file_size)
+                width = widths[j] if group.num_columns == len(widths) else max(widths, default=8)
+                total += _chunk_pages(f, group.column(j), width, file_size)
     return total
 
 
