@@ -145,3 +145,13 @@ def test_a_page_header_that_cannot_be_read_is_one_line(tmp_path: Path) -> None:
         f"cannot import {path}: not a readable Parquet or Arrow file (a page header nested "
         "more than 32 deep)"
     )
+
+
+def test_a_dotted_column_name_counts_at_its_width(tmp_path: Path) -> None:
+    """A column chunk's path is dotted ('a.b'); its width is its field's, by position."""
+    path = tmp_path / "dotted.parquet"
+    table = pa.table({"a.b": np.zeros(50_000), "y": np.arange(50_000)})
+    pq.write_table(table, path)
+    meta = pq.read_metadata(path)
+    pages = parquet_read.page_decoded_bytes(path, meta, meta.schema.to_arrow_schema())
+    assert pages >= table.nbytes
