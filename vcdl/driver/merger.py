@@ -13,8 +13,10 @@ A tensor that crosses a boundary is merged by each merger over the rows
 holding its part, and only its part is kept. Its checksum covers all of
 it: the merger with its first part (its *owner*) hashes it whole from the
 shared weights once every other merger with a part of it has raised its
-flag (each raises its flag when its first piece is done, and when it ends,
-so a refused range never leaves its neighbour waiting). Its inputs are read
+semaphore (each releases its own when its first piece is done, and when it
+ends, so a refused range never leaves its neighbour waiting; a semaphore,
+not a flag in shared memory, so that the bytes before it are seen on any
+processor). Its inputs are read
 unverified in rows here and verified whole by the driver.
 """
 
@@ -59,7 +61,7 @@ class Job:
     shared: StateDict  # the new weights, in shared memory
     state: StateDict | None
     state_out: StateDict | None  # the rule's new state, in shared memory
-    flags: torch.Tensor  # shared: merger i's first piece is done
+    ready: list[Any]  # merger i's first piece is done: a semaphore (a memory barrier too)
     batch_bytes: int
 
 
@@ -82,12 +84,12 @@ def merge_range(job: Job, index: int, pieces: list[Piece], groups: Groups) -> Re
     try:
         report = _merge(job, index, pieces, groups)
     finally:
-        job.flags[index] = 1  # whatever happened: no neighbour waits for us any more
+        job.ready[index].release()  # whatever happened: no neighbour waits for us any more
     if report.reason is None:
         for name, (owner, others) in job.owners.items():
             if owner == index:
-                while not all(int(job.flags[i]) for i in others):
-                    time.sleep(0.0005)
+                for i in others:  # a neighbour that died: the driver kills us all
+                    job.ready[i].acquire()
                 report.checksums[name] = digest_of(name, job.shared[name], job.version.uri)
     return report
 
@@ -120,7 +122,7 @@ def _merge(job: Job, index: int, pieces: list[Piece], groups: Groups) -> Report:
         writing.put((parts, done))
         count[0] += 1
         if count[0] == first_done:
-            job.flags[index] = 1
+            job.ready[index].release()
         if BEFORE_BATCH is not None:
             BEFORE_BATCH(index, count[0])
 

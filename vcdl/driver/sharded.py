@@ -41,6 +41,7 @@ import contextlib
 import ctypes
 import logging
 import math
+import multiprocessing
 import os
 import pickle
 import select
@@ -65,6 +66,8 @@ from vcdl.merge.codec import stored_names
 from vcdl.merge.rules import STEP_KEY, Applied, MergeRule, merge_rule
 from vcdl.store.streaming import StateReader, StateWriter, batches, specs_of
 from vcdl.types import StateDict
+
+_FORK = multiprocessing.get_context("fork")
 
 TRIES = 3
 """How many times a merge is done when a merger dies."""
@@ -143,7 +146,7 @@ def _once(
         shared,
         state,
         _shared_state(rule, head, steps, state),
-        torch.zeros(len(ranges), dtype=torch.int32).share_memory_(),
+        [_FORK.Semaphore(0) for _ in ranges],
         batch_bytes,
     )
     children: dict[int, tuple[int, int]] = {}  # pid -> (merger, read end)
@@ -340,7 +343,7 @@ def _verify_split(steps: Sequence[Step], split: set[str]) -> tuple[int, str] | N
 
 def _collect(children: dict[int, tuple[int, int]]) -> tuple[list[Report], bool]:
     """Every merger's report, in range order, and whether any merger died (then the
-    others are killed: one may be waiting for the dead one's flag)."""
+    others are killed: one may be waiting for the dead one's semaphore)."""
     reports: dict[int, Report] = {}
     pending = {fd: pid for pid, (_, fd) in children.items()}
     got: dict[int, list[bytes]] = {fd: [] for fd in pending}
