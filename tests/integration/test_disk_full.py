@@ -187,7 +187,9 @@ def test_a_run_whose_log_cannot_start_on_a_full_disk_is_one_line(
     assert not (log_disk / "ledger.db").exists()
 
 
-@pytest.mark.slow
+# A whole run (70-100 s on a loaded machine) for what the log's own test below
+# proves in a second; kept for --runlong, as an end-to-end check of it.
+@pytest.mark.long
 def test_a_run_whose_log_fills_mid_run_finishes_and_says_so(
     log_disk: Path, tmp_path: Path, prefect_api_url: str
 ) -> None:
