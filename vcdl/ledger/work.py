@@ -209,7 +209,8 @@ class WorkQueries(LedgerBase):
                 | {"state": "running", "finished_at": None, "reason": None, "result_uri": None}
                 | {"samples": None, "loss": None, "train_seconds": None, "timings": None}
                 | {"checkpoint_uri": None, "resumed_from": None, "resumed_seconds": None}
-                | {"data_bytes": None, "data_requests": None, "written_bytes": None},
+                | {"data_bytes": None, "data_requests": None, "written_bytes": None}
+                | {"replay_inputs": None},
             )
 
         if self._pg is not None:
