@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -198,11 +199,15 @@ def main() -> None:
                 },
                 out / "snapshots.pt",
             )
-    # Both ranks tear the group down together: rank 1, done while rank 0 was
-    # still saving snapshots, once aborted in gloo's teardown ("terminate
-    # called without an active exception", SIGABRT) and failed the run in CI.
+    # Both ranks finish together, then leave without tearing gloo down: its
+    # teardown aborted a rank now and then ("terminate called without an
+    # active exception", SIGABRT, once at destroy_process_group even after
+    # this barrier) and failed a finished run in CI. Everything of the run is
+    # written and closed by now; _exit skips the C++ destructors that abort.
     dist.barrier()
-    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
