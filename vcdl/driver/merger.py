@@ -67,7 +67,7 @@ class Job:
 
 @dataclass
 class Report:
-    """What one merger sends back (pickled through a pipe)."""
+    """What one merger sends back (as JSON through a pipe)."""
 
     reason: str | None = None
     failed: int | None = None
