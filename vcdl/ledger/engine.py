@@ -94,11 +94,10 @@ from vcdl.ledger.retry import (
     Phase,
     jitter,
     ledger_outage,
-    reconnect_pause,
     transient_pause,
+    wait_to_reconnect,
 )
 from vcdl.redact import redact_url as redact_any_url
-from vcdl.transient import DEFAULT_POLICY
 
 log = logging.getLogger(__name__)
 
@@ -315,20 +314,11 @@ class LedgerEngine:
                     transient_pause(serial)
                     serial += 1
                     continue
-                pause = reconnect_pause(
-                    exc,
-                    phase,
-                    service,
-                    reads=reads,
-                    autocommit=autocommit,
-                    n=lost,
-                    elapsed=time.monotonic() - start,
-                )
-                if pause is None:
+                if not wait_to_reconnect(
+                    exc, phase, service, reads=reads, autocommit=autocommit, n=lost, began=start
+                ):
                     raise self.error(exc) from exc
                 lost += 1
-                service.failed(exc, DEFAULT_POLICY, began=start, tries=lost)
-                time.sleep(pause)
                 continue
             service.succeeded(time.monotonic())
             return result

@@ -45,8 +45,8 @@ from vcdl.ledger.retry import (
     TRANSIENT_SQLSTATES,
     Phase,
     ledger_outage,
-    reconnect_pause,
     transient_pause,
+    wait_to_reconnect,
 )
 from vcdl.ledger.rows import load
 from vcdl.states import (
@@ -56,7 +56,6 @@ from vcdl.states import (
     TERMINAL_SUBTASK_STATES,
     sources,
 )
-from vcdl.transient import DEFAULT_POLICY
 
 if TYPE_CHECKING:
     # Imported where a PostgreSQL ledger is opened: psycopg is the optional
@@ -288,20 +287,11 @@ class PgFastPath:
                     transient_pause(serial)
                     serial += 1
                     continue
-                pause = reconnect_pause(
-                    exc,
-                    phase[0],
-                    service,
-                    reads=repeatable,
-                    autocommit=True,
-                    n=lost,
-                    elapsed=time.monotonic() - start,
-                )
-                if pause is None:
+                if not wait_to_reconnect(
+                    exc, phase[0], service, reads=repeatable, autocommit=True, n=lost, began=start
+                ):
                     raise self._error(exc) from exc
                 lost += 1
-                service.failed(exc, DEFAULT_POLICY, began=start, tries=lost)
-                time.sleep(pause)
                 continue
             service.succeeded(time.monotonic())
             return row

@@ -106,3 +106,35 @@ def reconnect_pause(
     if not safe_to_repeat(phase, reads=reads, autocommit=autocommit):
         return None
     return policy.next_pause(n, elapsed, _JITTER)
+
+
+def wait_to_reconnect(
+    error: BaseException,
+    phase: Phase,
+    service: Outage,
+    *,
+    reads: bool,
+    autocommit: bool,
+    n: int,
+    began: float,
+    policy: RetryPolicy = DEFAULT_POLICY,
+) -> bool:
+    """After ``error``: True once the outage is recorded and the pause slept (run the
+    call again, the ``n + 1``-th time); False when it is not to be retried (raise it).
+    ``began``: the call's start, on :func:`time.monotonic`. The one tail of both
+    ledger retry loops (SQLAlchemy's transactions and PostgreSQL's fast path)."""
+    pause = reconnect_pause(
+        error,
+        phase,
+        service,
+        reads=reads,
+        autocommit=autocommit,
+        n=n,
+        elapsed=time.monotonic() - began,
+        policy=policy,
+    )
+    if pause is None:
+        return False
+    service.failed(error, policy, began=began, tries=n + 1)
+    time.sleep(pause)
+    return True
