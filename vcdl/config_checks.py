@@ -1,8 +1,10 @@
 """Checks of single config values that need no section: paths the OS can take, scheduler
-addresses, URLs without credentials, numbers that are numbers.
+addresses, URLs without credentials, numbers that are numbers; and :class:`Section`, the
+base every section of the run config shares (unknown keys, NaN and infinity refused).
 
-:mod:`vcdl.config`'s validators call these; each raises ``ValueError`` with the
-end of a one-line message (pydantic prefixes the key), or returns a problem.
+:mod:`vcdl.config`'s and :mod:`vcdl.config_ops`'s validators call these; each raises
+``ValueError`` with the end of a one-line message (pydantic prefixes the key), or returns
+a problem.
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, Union, get_args, get_origin
 
-from pydantic import BaseModel, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from vcdl.redact import url_secrets
 
 __all__ = [
     "NAME_MAX",
     "NumbersAreNumbers",
+    "Section",
     "no_nul_byte",
     "no_url_secrets",
     "scheduler_address_problem",
@@ -52,6 +55,14 @@ class NumbersAreNumbers(BaseModel):
         if any(isinstance(v, bool | str) for v in items):
             raise ValueError("must hold numbers, not strings or true/false")
         return value
+
+
+class Section(NumbersAreNumbers):
+    """A section of the run config (:mod:`vcdl.config`, :mod:`vcdl.config_ops`)."""
+
+    # extra="forbid": a misspelt key must fail loudly, not be ignored. No float
+    # may be NaN or infinite: every number of a run is a finite amount.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def _number_items(annotation: Any, value: Any) -> list[Any]:
