@@ -52,6 +52,7 @@ from flows.workarounds.task_runs import cancel, release, set_task_run_state
 from vcdl.config import RunConfig
 from vcdl.driver.assimilator import MergeOutcome, merge_attempt
 from vcdl.driver.dispatch import dispatch_phases
+from vcdl.driver.epoch_attempts import settle
 from vcdl.driver.epoch_events import (
     Abandon,
     AbandonRunning,
@@ -88,7 +89,7 @@ from vcdl.driver.epoch_events import (
     recorded_return,
 )
 from vcdl.driver.epoch_loop import RunStopping, current_gate
-from vcdl.driver.epoch_state import EpochState, settle
+from vcdl.driver.epoch_state import EpochState
 from vcdl.driver.fold import merge_attempts
 from vcdl.driver.gc import collect
 from vcdl.driver.head_cache import run_head_cache

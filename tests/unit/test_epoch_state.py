@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vcdl.driver.epoch_attempts import free_attempts, settle
 from vcdl.driver.epoch_events import (
     FREE_HANDBACKS,
     Abandon,
@@ -54,7 +55,7 @@ from vcdl.driver.epoch_events import (
     Tick,
     recorded_return,
 )
-from vcdl.driver.epoch_state import EpochState, free_attempts, settle
+from vcdl.driver.epoch_state import EpochState
 from vcdl.states import MERGEABLE_ATTEMPT_STATES, TERMINAL_SUBTASK_STATES
 
 K = (2, 5)  # the subtask most rows are about

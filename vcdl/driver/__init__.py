@@ -2,7 +2,9 @@
 
 The epoch's decisions, pure: :mod:`.epoch_events` (facts, events,
 instructions, the policy), :mod:`.epoch_state` (the state machine, the
-attempt budget included), :mod:`.epoch_loop` (the epochs in order, each
+attempt budget included), :mod:`.epoch_attempts` (what is read off a
+subtask's attempts: free attempts, settling after the barrier),
+:mod:`.epoch_loop` (the epochs in order, each
 waiting at its gate for the previous barrier), :mod:`.dispatch` (where an
 attempt's time went).
 Merging: :mod:`.merge_plan` (the decision, pure: staleness, α, paths, attributes),

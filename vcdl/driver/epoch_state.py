@@ -49,19 +49,23 @@ Like dask's worker state machine it keeps a bounded log of the events it
 received and the instructions it returned (:meth:`EpochState.story`, for one
 subtask), and checks its own invariants (:meth:`EpochState.validate_state`).
 
-Longer than ~500 lines on purpose: one epoch's decisions, every rule beside
-the others it interacts with (the budget, reissues, the quorum, merges and
-the barrier); the vocabulary lives in :mod:`vcdl.driver.epoch_events`.
+One epoch's decisions are here, every rule beside the others it interacts
+with (the budget, reissues, the quorum, merges and the barrier); the
+vocabulary lives in :mod:`vcdl.driver.epoch_events`, and what is read off a
+subtask's attempts without state (the budget's free attempts, what to tidy
+after the barrier: :func:`~vcdl.driver.epoch_attempts.settle`) in
+:mod:`vcdl.driver.epoch_attempts`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
 
+from vcdl.driver.epoch_attempts import as_marked, free_attempts, still_running
 from vcdl.driver.epoch_events import (
     Abandon,
     AbandonRunning,
@@ -72,7 +76,6 @@ from vcdl.driver.epoch_events import (
     Cancel,
     Close,
     DeadlinePassed,
-    DropCheckpoint,
     EpochPolicy,
     Evaluate,
     Event,
@@ -86,7 +89,6 @@ from vcdl.driver.epoch_events import (
     MergeGroup,
     Opened,
     Prune,
-    RecordDuplicate,
     Reject,
     Say,
     Settle,
@@ -95,7 +97,7 @@ from vcdl.driver.epoch_events import (
     TaskReturned,
     Tick,
 )
-from vcdl.states import MERGEABLE_ATTEMPT_STATES, TERMINAL_SUBTASK_STATES
+from vcdl.states import MERGEABLE_ATTEMPT_STATES
 
 TALLY_KEYS = (
     "merged",
@@ -126,40 +128,6 @@ def _mentions(item: object, key: Key) -> bool:
         facts = item.attempts if isinstance(item, Abandon) else (*item.stranded, *item.leftovers)
         return any(a.key == key for a in facts) or (isinstance(item, Opened) and key in item.todo)
     return False
-
-
-# -- the budget ---------------------------------------------------------------------
-
-
-def free_attempts(attempts: Iterable[AttemptFact]) -> int:
-    """Killed attempts of one subtask that checkpointed further than any before them.
-
-    ``samples`` of an attempt that was killed is its last checkpoint's (the
-    ledger updates it with each checkpoint, counting the samples it resumed
-    from), or None when it never checkpointed. A subtask whose attempts keep
-    dying at the same point (out of memory at one batch) stops moving forward,
-    and those deaths count; progress is bounded by the shard's samples, so
-    free attempts are too.
-    """
-    frontier, free = 0, 0
-    for a in sorted(attempts, key=lambda a: a.number):
-        reached = a.samples or 0
-        if a.state == "killed" and reached > frontier:
-            free += 1
-        frontier = max(frontier, reached)
-    return free
-
-
-def _marked(
-    attempts: Sequence[AttemptFact], ids: Iterable[str], state: str
-) -> tuple[AttemptFact, ...]:
-    """``attempts`` with those of ``ids`` in ``state``: the ledger once our marks land."""
-    chosen = set(ids)
-    return tuple(replace(a, state=state) if a.id in chosen else a for a in attempts)
-
-
-def _running(attempts: Iterable[AttemptFact], but: str | None = None) -> tuple[AttemptFact, ...]:
-    return tuple(a for a in attempts if a.state == "running" and a.id != but)
 
 
 # -- the machine --------------------------------------------------------------------
@@ -376,14 +344,14 @@ class EpochState:
                 "discarded by policy fault.partial=discard"
             )
             self.tally["rejected"] += 1
-            attempts = _marked(event.attempts, [event.attempt_id], "rejected")
+            attempts = as_marked(event.attempts, [event.attempt_id], "rejected")
             return [
                 Reject(event.attempt_id, reason),
                 *self._reissue(key, "preempted with notice; partial result discarded", attempts),
             ]
         out: list[Instruction] = []
         # Attempts of this subtask that Dask re-ran elsewhere left "running" rows.
-        rerun = _running(event.attempts, but=event.attempt_id)
+        rerun = still_running(event.attempts, but=event.attempt_id)
         if rerun:
             out.append(Abandon(rerun, "killed", "worker died; the task was re-run elsewhere"))
             self.tally["killed"] += len(rerun)
@@ -394,16 +362,16 @@ class EpochState:
         """The task brought no result (its worker died, or took nothing under notice)."""
         self.tally["errors"] += 1
         out: list[Instruction] = []
-        dead = _running(attempts)
+        dead = still_running(attempts)
         if dead:
             out.append(Abandon(dead, "killed", "worker died"))
             self.tally["killed"] += len(dead)
-        return out + self._reissue(key, reason, _marked(attempts, (a.id for a in dead), "killed"))
+        return out + self._reissue(key, reason, as_marked(attempts, (a.id for a in dead), "killed"))
 
     def _deadline(self, event: DeadlinePassed) -> list[Instruction]:
         key = event.key
         self.tally["timeouts"] += 1
-        attempts = _marked(event.attempts, (a.id for a in event.late), "timeout")
+        attempts = as_marked(event.attempts, (a.id for a in event.late), "timeout")
         return [
             Cancel(key, self.submitted[key], "attempt past its deadline"),
             Abandon(event.late, "timeout", "past its deadline"),
@@ -488,49 +456,3 @@ class EpochState:
         self.in_flight.clear()
         out.append(Say(logging.WARNING, f"epoch {p.epoch} closed at quorum: stragglers {p.late}"))
         return out
-
-
-# -- after the barrier --------------------------------------------------------------
-
-
-class _SettleAttempt(Protocol):
-    @property
-    def id(self) -> str: ...
-    @property
-    def subtask_id(self) -> int: ...
-    @property
-    def state(self) -> str: ...
-    @property
-    def result_uri(self) -> str | None: ...
-    @property
-    def checkpoint_uri(self) -> str | None: ...
-
-
-class _SettleSubtask(Protocol):
-    @property
-    def id(self) -> int | None: ...
-    @property
-    def state(self) -> str: ...
-
-
-def settle(
-    attempts: Iterable[_SettleAttempt], subtasks: Iterable[_SettleSubtask]
-) -> list[RecordDuplicate | DropCheckpoint]:
-    """What to tidy once an epoch passed its barrier.
-
-    ``attempts``: those that may need it (mergeable, or with a checkpoint);
-    ``subtasks``: those of their epochs. Results that arrived for subtasks
-    merged from another attempt are duplicates; checkpoints of attempts of
-    finished subtasks (killed ones nobody resumed, or superseded) are
-    deleted.
-    """
-    subs = list(subtasks)
-    merged = {s.id for s in subs if s.state == "merged"}
-    done = {s.id for s in subs if s.state in TERMINAL_SUBTASK_STATES}
-    out: list[RecordDuplicate | DropCheckpoint] = []
-    for a in attempts:
-        if a.checkpoint_uri is not None and a.subtask_id in done:
-            out.append(DropCheckpoint(a.id))
-        if a.state in MERGEABLE_ATTEMPT_STATES and a.subtask_id in merged:
-            out.append(RecordDuplicate(a.id, a.result_uri))
-    return out
