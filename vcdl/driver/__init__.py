@@ -9,7 +9,8 @@ waiting at its gate for the previous barrier), :mod:`.dispatch` (where an
 attempt's time went).
 Merging: :mod:`.merge_plan` (the decision, pure: staleness, α, paths, attributes),
 :mod:`.assimilator` (one result into the head), :mod:`.streamed`
-(a batch of tensors at a time), :mod:`.fold` (waiting results in one
+(a batch of tensors at a time), :mod:`.stages` (the reader and writer
+threads its stages overlap in), :mod:`.fold` (waiting results in one
 version write, ``merge.fold``), :mod:`.sharded` (one merge by K forked
 merger processes, ``merge.mergers``), :mod:`.merger` (one merger's range)
 and :mod:`.merge_ranges` (the ranges of the head's chunks, pure),

@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from vcdl.driver.merge_ranges import Piece, Placed
-from vcdl.driver.streamed import Decoded, Step, Unreadable, _Stage, chain
+from vcdl.driver.stages import Stage
+from vcdl.driver.streamed import Decoded, Step, Unreadable, chain
 from vcdl.merge.checks import update_norm
 from vcdl.merge.codec import stored_names
 from vcdl.merge.rules import STEP_KEY, MergeRule
@@ -143,7 +144,7 @@ def _merge(job: Job, index: int, pieces: list[Piece], groups: Groups) -> Report:
     if BEFORE_BATCH is not None:
         BEFORE_BATCH(index, 0)
     try:
-        with _Stage(write, depth=2) as writing:
+        with Stage(write, depth=2) as writing:
             chained = chain(
                 rule, head, mine, plan, emit, state=state, out=into, busy=busy, norm_of=norm_of
             )

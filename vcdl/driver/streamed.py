@@ -7,8 +7,9 @@ each batch is merged by the run's rule (:meth:`MergeRule.apply` on the
 batch: every rule is elementwise, so a batch merges exactly as it would
 within the whole state, bit for bit), and the new version is written as the
 batches come out. Three stages overlap, each in its own thread: reading and
-verifying batch k + 1, merging batch k, writing and hashing batch k − 1; the
-bytes in flight are a few batches. A tensor larger than a batch goes in
+verifying batch k + 1, merging batch k, writing and hashing batch k − 1
+(the threads are :mod:`vcdl.driver.stages`'); the bytes in flight are a few
+batches. A tensor larger than a batch goes in
 batches of its rows (:func:`~vcdl.store.streaming.batches`), so a model
 whose one tensor is most of it (a token embedding) is no exception.
 
@@ -30,15 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import queue
-import threading
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
 
 import torch
 
+from vcdl.driver.stages import Stage, prefetch
 from vcdl.errors import MergeError, StoreError
 from vcdl.merge.checks import mismatch, update_norm
 from vcdl.merge.codec import Precision, check_stored, decode, stored_names
@@ -59,9 +58,6 @@ from vcdl.types import StateDict
 BATCH_BYTES = 64 << 20
 """Bytes of result per batch: big enough that per-batch costs vanish (a
 batch is ~16 chunks), small beside any model worth streaming."""
-
-_T = TypeVar("_T")
-_J = TypeVar("_J")
 
 
 @dataclass
@@ -233,7 +229,7 @@ def streamed_fold(
     weights: StateDict = {}
     new_state: StateDict | None = {} if rule.keeps_state else None
     try:
-        with _Stage(write, depth=2) as writing:
+        with Stage(write, depth=2) as writing:
 
             def emit(parts: list[Part], current: StateDict, state_sub: StateDict | None) -> None:
                 _gather(weights, parts, current, out)
@@ -318,7 +314,7 @@ def chain(
     # One result's batch at a time, in the order the chain takes them: the
     # bytes read ahead are those of a single merge, however many results.
     jobs = ((parts, i) for parts in plan for i in range(len(steps)))
-    with contextlib.closing(_prefetch(read, jobs)) as inputs:
+    with contextlib.closing(prefetch(read, jobs)) as inputs:
         for parts in plan:
             current: StateDict = take(head, parts)
             state_sub = _state_part(state, parts)
@@ -456,77 +452,3 @@ def _gather(into: StateDict, parts: list[Part], batch: StateDict, out: StateDict
         rows = p.of(whole)
         if rows.data_ptr() != tensor.data_ptr():  # not merged in place (no out buffers)
             rows.copy_(tensor)
-
-
-def _prefetch(
-    read: Callable[[_J], _T], jobs: Iterator[_J], depth: int = 1
-) -> Generator[_T, None, None]:
-    """``read(job)`` for each job, one ahead in a thread, yielded in order."""
-    q: queue.Queue[tuple[bool, object]] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def run() -> None:
-        try:
-            for job in jobs:
-                if stop.is_set():
-                    return
-                q.put((True, read(job)))
-        except BaseException as exc:
-            q.put((False, exc))
-            return
-        q.put((True, _DONE))
-
-    t = threading.Thread(target=run, name="vcdl-merge-read", daemon=True)
-    t.start()
-    try:
-        while True:
-            ok, item = q.get()
-            if not ok:
-                assert isinstance(item, BaseException)
-                raise item
-            if item is _DONE:
-                return
-            yield item  # type: ignore[misc]
-    finally:
-        stop.set()
-        while t.is_alive():  # unblock a reader waiting on a full queue
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                t.join(0.01)
-
-
-_DONE = object()
-
-
-class _Stage(Generic[_T]):
-    """A consumer thread fed through a bounded queue; errors surface at the next put or exit."""
-
-    def __init__(self, consume: Callable[[_T], None], depth: int) -> None:
-        self._consume = consume
-        self._q: queue.Queue[_T | None] = queue.Queue(maxsize=depth)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="vcdl-merge-write", daemon=True)
-
-    def __enter__(self) -> _Stage[_T]:
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while (item := self._q.get()) is not None:
-            if self._error is None:
-                try:
-                    self._consume(item)
-                except BaseException as exc:
-                    self._error = exc
-
-    def put(self, item: _T) -> None:
-        if self._error is not None:
-            raise self._error
-        self._q.put(item)
-
-    def __exit__(self, *exc: object) -> None:
-        self._q.put(None)
-        self._thread.join()
-        if self._error is not None and exc[0] is None:
-            raise self._error
