@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from vcdl.data import DatasetInfo
     from vcdl.driver.gc import GcReport
     from vcdl.replay.diff import RunDiff
-    from vcdl.replay.runner import Progress as ReplayProgress
+    from vcdl.replay.replayer import Progress as ReplayProgress
     from vcdl.replay.runner import ReplayReport
     from vcdl.replay.whatif import WhatIfReport
     from vcdl.store import WeightStore
@@ -315,16 +315,29 @@ def replay(
 def what_if(
     name: str,
     new_name: str,
-    reject: str,
+    reject: str | None = None,
     home: str | Path | None = None,
     ledger_url: str | None = None,
     *,
+    alpha: float | None = None,
+    rule: str | None = None,
+    first: int | None = None,
     progress: ReplayProgress | None = None,
 ) -> WhatIfReport:
-    """Re-execute run ``name`` without attempt ``reject``'s merge into run ``new_name``."""
+    """Re-execute run ``name`` into run ``new_name`` with one change: without attempt
+    ``reject``'s merge, or merged with α ``alpha`` (constant) and/or rule ``rule`` from
+    version ``first`` on (docs/replay.md)."""
     from vcdl.replay.whatif import what_if as into
 
-    return into(run_ref(name, home, ledger_url), new_name, reject=reject, progress=progress)
+    return into(
+        run_ref(name, home, ledger_url),
+        new_name,
+        reject=reject,
+        alpha=alpha,
+        rule=rule,
+        first=first,
+        progress=progress,
+    )
 
 
 def diff(

@@ -1,5 +1,6 @@
 """``vcdl replay`` (a run re-executed from its ledger, compared version by version; with
-``--as NEW --reject ATTEMPT`` a what-if into a new run) and ``vcdl diff``."""
+``--as NEW`` and a change, ``--reject ATTEMPT`` or ``--alpha A``/``--rule RULE`` [``--from
+VERSION``], a what-if into a new run) and ``vcdl diff``."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ def add_parsers(sub: Subparsers, parents: Parents) -> None:
         "--from",
         dest="first",
         type=int,
-        default=0,
         metavar="VERSION",
-        help="start from this kept version (default 0)",
+        help="start from this kept version (default 0); with --as and --alpha or --rule, the "
+        "first version made with the change (the ones before are re-made as recorded)",
     )
     r.add_argument(
         "--as", dest="new_run", metavar="NEW_RUN", help="what-if: re-execute into this new run"
@@ -37,6 +38,18 @@ def add_parsers(sub: Subparsers, parents: Parents) -> None:
         "--reject",
         metavar="ATTEMPT",
         help="what-if (with --as): leave out this merged attempt's result (an id or its start)",
+    )
+    r.add_argument(
+        "--alpha",
+        type=float,
+        metavar="A",
+        help="what-if (with --as): merge with this constant α in (0, 1] (the head's weight) "
+        "instead of the run's schedule",
+    )
+    r.add_argument(
+        "--rule",
+        metavar="RULE",
+        help="what-if (with --as): merge with this rule (vc_asgd, delta, diloco, ...)",
     )
     r.add_argument(
         "--keep-going",
@@ -89,23 +102,31 @@ def replay_command(args: argparse.Namespace) -> int:
         end = "\n" if not tty or done == total else ""
         print(f"\rreplay {args.run}: version {version} ({done}/{total})", end=end, file=sys.stderr)
 
-    if (args.new_run is None) != (args.reject is None):
-        raise ConfigError("--as NEW_RUN and --reject ATTEMPT go together (a what-if)")
+    problem = what_if_problem(args)
+    if problem is not None:
+        raise ConfigError(problem)
     if args.new_run is not None:
+        from vcdl.replay.whatif import what_if_text
+
         made = api.what_if(
-            args.run, args.new_run, args.reject, args.home, args.ledger, progress=progress
+            args.run,
+            args.new_run,
+            args.reject,
+            args.home,
+            args.ledger,
+            alpha=args.alpha,
+            rule=args.rule,
+            first=args.first,
+            progress=progress,
         )
         if not report(args, made.to_dict()):
-            print(
-                f"run {made.new_run}: {made.run} without attempt {made.rejected[:12]}, "
-                f"{made.merged} merges, head v{made.head}; vcdl diff {made.run} {made.new_run}"
-            )
+            print(what_if_text(made))
         return 0
     told = api.replay(
         args.run,
         args.home,
         args.ledger,
-        first=args.first,
+        first=args.first or 0,
         last=args.last,
         progress=progress,
         keep_going=args.keep_going,
@@ -113,3 +134,22 @@ def replay_command(args: argparse.Namespace) -> int:
     if not report(args, told.to_dict()):
         print(replay_text(told))
     return 0 if told.bit_for_bit else 1
+
+
+def what_if_problem(args: argparse.Namespace) -> str | None:
+    """Why ``vcdl replay``'s options do not go together, or None (before any run is read)."""
+    from vcdl.replay.change import Change, request_problem
+
+    changes = [f"--{k}" for k in ("reject", "alpha", "rule") if getattr(args, k) is not None]
+    if args.new_run is None:
+        if changes:
+            return f"{changes[0]} is a what-if: name its new run with --as NEW_RUN"
+        return None
+    if args.last is not None:
+        return (
+            "--to is a replay's: a what-if re-executes the whole run "
+            "(with --alpha or --rule, --from says where the change starts)"
+        )
+    if args.keep_going is not None:
+        return "--keep-going is a replay's: a what-if compares nothing"
+    return request_problem(Change(args.reject, args.alpha, args.rule, args.first))

@@ -23,6 +23,7 @@ from typing import Any
 from vcdl.errors import VcdlError
 from vcdl.ledger import Attempt, Version
 from vcdl.ledger.models import FOLDED_CHECKSUM
+from vcdl.merge.rules import RULES
 
 
 class NotReplayable(VcdlError, ValueError):
@@ -71,6 +72,10 @@ class MergeStep:
     kept: bool  # the version's weights are in the store (neither pruned nor folded)
     folded: bool  # written as part of a fold: the ledger has no checksum to compare with
     training: tuple[str, int | None]  # the key of the attempt's Training
+    rule: str | None = None
+    """The rule that merged it when not the run's: a what-if that changed the rule from a
+    version on records the original's rule in the replay inputs of the attempts it merged
+    before (``merge_rule``)."""
 
 
 @dataclass(frozen=True)
@@ -210,6 +215,9 @@ def plan_replay(
                 f"{a.base_version} and parent {number - 1}"
             )
         key = training(a, a.samples, f"merged as version {number}")
+        rule = (replay_inputs(a) or {}).get("merge_rule")
+        if rule is not None and rule not in RULES:
+            raise NotReplayable(f"version {number} was merged by an unknown rule {rule!r}")
         folded = v.checksum == FOLDED_CHECKSUM
         steps.append(
             MergeStep(
@@ -224,6 +232,7 @@ def plan_replay(
                 not folded and v.pruned_at is None,
                 folded,
                 key,
+                rule,
             )
         )
     bases = frozenset(t.base_version for t in order)

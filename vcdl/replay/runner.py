@@ -1,38 +1,32 @@
 """A replay carried out: re-train, re-merge in the ledger's order, compare each version.
 
 :func:`replay_run` builds the plan (:mod:`vcdl.replay.plan`) from the ledger,
-re-trains each attempt it names (:mod:`vcdl.replay.retrain`), merges each
-result onto the replayed head with the run's rule in the ledger's order (the
-recorded α, a partial result's share, the rule's state carried from the
-previous merge, a reduced-precision result encoded and decoded against its
-base as the worker and the driver did), and compares each new version with
-the ledger's checksum and, where the store keeps it, with the stored bytes.
-It stops at the first divergence and names its version, attempt and tensor.
-The result is a :class:`ReplayReport`, as data (``--json``) or text.
+re-trains each attempt it names and merges each result onto the replayed head
+in the ledger's order (:class:`~vcdl.replay.replayer.Replayer`, shared with
+the what-if: the recorded α, a partial result's share, the rule's state
+carried from the previous merge, a reduced-precision result encoded and
+decoded against its base as the worker and the driver did), and compares each
+new version with the ledger's checksum and, where the store keeps it, with the
+stored bytes. It stops at the first divergence and names its version, attempt
+and tensor. The result is a :class:`ReplayReport`, as data (``--json``) or text.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
-from vcdl.ledger import Attempt
-from vcdl.merge.codec import decode, encode
-from vcdl.merge.rules import rule_of
-from vcdl.replay.plan import MergeStep, NotReplayable, ReplayPlan, Training, plan_replay
-from vcdl.replay.retrain import retrain
+from vcdl.replay.plan import MergeStep, NotReplayable, plan_replay
+from vcdl.replay.replayer import Progress, Replayer, ensure_trained, last_use
 from vcdl.runtime import RunRef
 from vcdl.store.layout import combined_checksum, digest, plan_write
 from vcdl.store.paths import rule_state_path
 from vcdl.types import StateDict
-from vcdl.worker.loop import TrainResult
 
-Progress = Callable[[int, int, int], None]
-"""Called after each version: (versions done, versions in all, the version)."""
+__all__ = ["Progress", "ReplayReport", "first_difference", "replay_run", "state_checksum"]
 
 
 @dataclass
@@ -107,92 +101,6 @@ def first_difference(mine: StateDict, other: StateDict) -> tuple[str, float | No
     return (extra[0], None) if extra else None
 
 
-class _Replayer:
-    """The replay's memory: versions made so far, trainings done, the rule's state."""
-
-    def __init__(self, ref: RunRef, plan: ReplayPlan, attempts: dict[str, Attempt]) -> None:
-        self.ref, self.plan, self.attempts = ref, plan, attempts
-        self.cfg = ref.config()
-        self.store, self.ledger = ref.store(), ref.ledger(fenced=False)
-        self.rule = rule_of(self.cfg)
-        self.versions: dict[int, StateDict] = {}
-        self.done: dict[tuple[str, int | None], TrainResult] = {}
-        self.train_seconds = 0.0
-        self.loop_seconds = 0.0
-        self.original = 0.0
-        self.planned: dict[tuple[int, int], int] = {}
-
-    def version(self, number: int) -> StateDict:
-        if number not in self.versions:
-            row = self.ledger.get_version(self.ref.run, number)
-            self.versions[number] = self.store.read_state(row.uri, expect=row.checksum)
-        return self.versions[number]
-
-    def stored(self, step: MergeStep) -> StateDict | None:
-        """The version's stored weights as they are (unverified: to name what differs)."""
-        if not step.kept:
-            return None
-        return self.store.read_state(
-            self.ledger.get_version(self.ref.run, step.number).uri, verify=False
-        )
-
-    def version_from_store(self, number: int) -> StateDict:
-        row = self.ledger.get_version(self.ref.run, number)
-        return self.store.read_state(row.uri, expect=row.checksum)
-
-    def train(self, t: Training) -> TrainResult:
-        if t.key in self.done:
-            return self.done[t.key]
-        a = self.attempts[t.attempt_id]
-
-        def carried(key: tuple[str, int | None] | None) -> TrainResult | None:
-            return None if key is None else self.done[key]
-
-        resumed = carried(t.resumed_from)
-        opt = carried(t.optimizer_from)
-        var = carried(t.variable_from)
-        began = time.perf_counter()
-        result = retrain(
-            self.ref,
-            self.cfg,
-            t,
-            base=self.version(t.base_version),
-            checkpoint=resumed.state if resumed is not None else None,
-            # train_attempt loads a copy: the kept state stays as it ended.
-            optimizer_state=opt.optimizer_state if opt is not None else None,
-            variable=var.state if var is not None else None,
-            samples=t.samples if t.samples is not None else (a.samples or 1 << 62),
-        )
-        self.train_seconds += time.perf_counter() - began
-        self.loop_seconds += result.train_seconds
-        self.original += a.train_seconds or 0.0
-        self.done[t.key] = result
-        return result
-
-    def merge(self, step: MergeStep, rule_state: StateDict | None) -> tuple[Any, TrainResult]:
-        result = self.done[step.training]
-        a = self.attempts[step.attempt_id]
-        base = self.version(step.base_version)
-        weights = result.state
-        precision = self.cfg.merge.result_precision
-        if precision != "full":
-            weights = decode(encode(weights, base, precision), base, precision)
-        blend = step.alpha
-        planned = result.planned_samples
-        if a.samples is not None and planned and a.samples < planned:
-            # A partial result counts for its share (vcdl.driver.merge_plan.Candidate).
-            blend = 1.0 - (1.0 - step.alpha) * min(1.0, a.samples / planned)
-        head = self.version(step.number - 1)
-        applied = self.rule.apply(
-            head,
-            weights,
-            blend,
-            base=base if self.rule.reads_base else None,
-            state=rule_state,
-        )
-        return applied, result
-
-
 def replay_run(
     ref: RunRef,
     *,
@@ -212,7 +120,7 @@ def replay_run(
     plan = plan_replay(
         ref.run, ledger.versions(ref.run), list(attempts.values()), first=first, last=last
     )
-    r = _Replayer(ref, plan, attempts)
+    r = Replayer(ref, plan, attempts)
     notes: list[str] = []
     if any(d != "cpu" for d in plan.devices):
         notes.append(
@@ -232,12 +140,12 @@ def replay_run(
             )
         rule_state = r.store.read_state(path)
     by_key = {t.key: t for t in plan.trainings}
-    last_use = _last_use(plan, by_key)
+    dropped_after = last_use(plan, by_key)
     divergence: Divergence | None = None
     deviations: list[Deviation] = []
     compared = made = 0
     for i, step in enumerate(plan.merges):
-        _ensure(r, step.training, by_key)
+        ensure_trained(r, step.training, by_key)
         applied, _ = r.merge(step, rule_state)
         made += 1
         if isinstance(applied, str):
@@ -269,7 +177,7 @@ def replay_run(
                     # merge's, not the sum of every one before it.
                     new = r.version_from_store(step.number)
         r.versions[step.number] = new
-        for n in [n for n in r.versions if n != step.number and last_use.get(n, -1) <= i]:
+        for n in [n for n in r.versions if n != step.number and dropped_after.get(n, -1) <= i]:
             del r.versions[n]  # no later training or merge reads it
         if progress is not None:
             progress(i + 1, len(plan.merges), step.number)
@@ -290,45 +198,6 @@ def replay_run(
         notes,
         deviations,
     )
-
-
-def _deps(t: Training) -> list[tuple[str, int | None]]:
-    return [k for k in (t.resumed_from, t.optimizer_from, t.variable_from) if k is not None]
-
-
-def _ensure(r: _Replayer, key: tuple[str, int | None], by_key: dict[Any, Training]) -> None:
-    """Train ``key`` and, first, every training it continues from (iteratively: chains of
-    carried optimizer states can be long)."""
-    stack = [key]
-    while stack:
-        t = by_key[stack[-1]]
-        todo = [k for k in _deps(t) if k not in r.done]
-        if todo:
-            stack += todo
-            continue
-        stack.pop()
-        if t.key not in r.done:
-            r.train(t)
-
-
-def _last_use(plan: ReplayPlan, by_key: dict[Any, Training]) -> dict[int, int]:
-    """Per version, the index of the last merge step that reads it (as a base of a training
-    done for that step, the result's base, or the head)."""
-    last: dict[int, int] = {}
-    seen: set[tuple[str, int | None]] = set()
-    for i, step in enumerate(plan.merges):
-        todo = [step.training]
-        while todo:
-            key = todo.pop()
-            if key in seen:
-                continue
-            seen.add(key)
-            t = by_key[key]
-            last[t.base_version] = i
-            todo += _deps(t)
-        last[step.base_version] = i
-        last[step.number - 1] = i
-    return last
 
 
 def _deviation(number: int, mine: StateDict, stored: StateDict) -> Deviation:
