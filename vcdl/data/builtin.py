@@ -20,7 +20,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from vcdl.data.datasets import DatasetInfo, DatasetStore, write_arrays, write_dataset
+from vcdl.data.dataset_write import write_arrays, write_dataset
+from vcdl.data.datasets import DatasetInfo, DatasetStore
 from vcdl.data.importers import TEXT_VOCAB, text_splits, unigram_entropy
 from vcdl.errors import DataError
 

@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from vcdl.data.datasets import SPLITS, DatasetInfo, DatasetStore, write_arrays, write_dataset
+from vcdl.data.dataset_write import write_arrays, write_dataset
+from vcdl.data.datasets import SPLITS, DatasetInfo, DatasetStore
 from vcdl.data.decoded import (
     CHUNK,
     ipc_decoded_bytes,
