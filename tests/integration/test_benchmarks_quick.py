@@ -2,7 +2,7 @@
 
 ``overhead`` and ``time_to_accuracy`` have tests of their own; these run
 ``weights_io``, ``ledger``, ``allocator``, ``task_engine``, ``rules``,
-``fleet``, ``big_merge``, ``scale`` (with ``scale_data``) and ``soak`` as
+``hetero``, ``defaults``, ``fleet``, ``big_merge``, ``scale`` (with ``scale_data``) and ``soak`` as
 ``python -m benchmarks.NAME --quick`` in a subprocess and check the one-line
 JSON summary each ends with (with its run's environment, benchmarks/harness.py).
 Timings are not asserted (a shared CI machine), only what a run must
@@ -96,6 +96,33 @@ def test_rules_quick(prefect_api_url: str) -> None:
     assert all(0.2 < row["median"] <= 1 and row["seconds"] > 0 for row in r["rows"].values())
     assert r["rows"]["one process"]["gap"] == 0 and r["best_vc_asgd"] == "vc_asgd"
     assert r["met"] == (r["rows"]["vc_asgd"]["gap"] <= r["target_gap"])
+
+
+def test_hetero_quick(prefect_api_url: str) -> None:
+    res = _run("hetero", api_url=prefect_api_url)
+    assert res["benchmark"] == "hetero" and res["speeds_emulated"] is True
+    (level,) = res["levels"].values()
+    assert level["speeds"] == [1.0, 0.5, 0.25, 0.125]
+    table = level["table"]
+    assert set(table) == {"one process", "synchronous", "defaults", "diloco_async"}
+    # Two epochs of a 2-block GPT: below the 5.55 nats/byte of a uniform guess.
+    assert all(0 < row["loss"] < 5.5 for row in table.values()), table
+    sync = table["synchronous"]
+    assert sync["time_ratio"] == 1.0 and 0 < sync["fastest_busy"] <= 1
+    assert level["targets"]["best"] in ("defaults", "diloco_async")
+
+
+def test_defaults_quick(prefect_api_url: str) -> None:
+    res = _run("defaults", api_url=prefect_api_url)
+    assert res["benchmark"] == "defaults"
+    (r,) = res["results"]
+    assert r["job"] == "digits" and r["metric"] == "accuracy"
+    assert set(r["rows"]) == {"one process", "defaults", "worker optimizer"}
+    # Four epochs of a CNN on 8x8 digits: every contender far above chance (0.1).
+    assert all(0.5 < row["median"] <= 1 for row in r["rows"].values()), r["rows"]
+    assert r["rows"]["one process"]["gap"] == 0
+    assert r["met"] == {n: r["rows"][n]["gap"] <= 0.01 for n in ("defaults", "worker optimizer")}
+    assert res["all_met"] == [n for n in ("defaults", "worker optimizer") if r["met"][n]]
 
 
 def test_fleet_quick() -> None:
