@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError as SAIntegrityError
 from sqlalchemy.exc import OperationalError as SAOperationalError
 
 from vcdl.errors import ChecksumMismatch, LeaseLost, LedgerError
-from vcdl.ledger.retry import lost_connection, reconnect_pause, safe_to_repeat
+from vcdl.ledger.retry import lost_connection, reconnect_pause, rolled_back, safe_to_repeat
 from vcdl.store import s3retry
 from vcdl.transient import (
     DEFAULT_POLICY,
@@ -287,6 +287,18 @@ def test_which_database_errors_are_a_lost_connection() -> None:
 
     assert not lost_connection(_sa(sqlite3.OperationalError("database is locked")))
     assert not lost_connection(LeaseLost("taken over"))
+
+
+def test_a_session_ended_idle_in_transaction_is_repeated_even_at_its_commit() -> None:
+    """SQLSTATE 25P03 (vcdl/ledger/pgsession.py): the server rolled the transaction back,
+    so even a commit on the way applied nothing; a cancelled statement (57014, the
+    statement timeout) is not a lost connection and is raised."""
+    ended = _sa(_WithState("25P03"), invalidated=True)
+    assert lost_connection(_WithState("25P03")) and rolled_back(ended)
+    service = _answered("ledger pg")
+    assert reconnect_pause(ended, "commit", service, reads=False, autocommit=False, n=0, elapsed=0)
+    assert not rolled_back(_WithState("08006"))
+    assert not lost_connection(_WithState("57014"))
 
 
 def test_a_write_whose_commit_may_have_landed_is_never_repeated() -> None:

@@ -4,7 +4,7 @@ SQLModel tables (:mod:`.models`, read back as detached rows by :mod:`.rows`),
 the queries (:class:`.queries.Ledger` in :mod:`.queries`, built from :mod:`.base`,
 :mod:`.runs`, :mod:`.work` and :mod:`.versions`), the merge's at-most-once
 step (:mod:`.merging`; SQLite's and PostgreSQL's paths in :mod:`.sqlite`,
-:mod:`.pg`), the database plumbing (:mod:`.engine`, :mod:`.retry`), the
+:mod:`.pg`), the database plumbing (:mod:`.engine`, :mod:`.retry`, :mod:`.pgsession`), the
 driver lease's fencing of writes (:mod:`.fence`), the refusal of someone
 else's database before anything is written to it (:mod:`.foreign`) and the
 schema migrations (:mod:`.migrations`).

@@ -54,6 +54,27 @@ last fraction of a second (up to 3 x ``wal_writer_delay``) of acknowledged
 writes — never consistency, but a merge a flow already acted on may vanish.
 It is not the default, and benchmark figures with it are reported apart.
 
+A silent link and a frozen client (PostgreSQL; why these defaults:
+:mod:`vcdl.ledger.pgsession`): libpq's keepalives and ``tcp_user_timeout`` fail
+a call on a link that stopped answering within about 20 s (then retried as a
+lost connection); the server ends a session idle inside a transaction and
+bounds every statement. URL, else environment, else default:
+
+===================================  ===============================================  =======
+URL parameter                        environment variable                             default
+===================================  ===============================================  =======
+keepalives                           VCDL_LEDGER_KEEPALIVES                           1
+keepalives_idle                      VCDL_LEDGER_KEEPALIVES_IDLE                      10 (s)
+keepalives_interval                  VCDL_LEDGER_KEEPALIVES_INTERVAL                  5 (s)
+keepalives_count                     VCDL_LEDGER_KEEPALIVES_COUNT                     3
+tcp_user_timeout                     VCDL_LEDGER_TCP_USER_TIMEOUT                     20000 (ms)
+statement_timeout                    VCDL_LEDGER_STATEMENT_TIMEOUT                    300s
+idle_in_transaction_session_timeout  VCDL_LEDGER_IDLE_IN_TRANSACTION_SESSION_TIMEOUT  60s
+===================================  ===============================================  =======
+
+The last two go in libpq's ``options`` after the URL's own (or ``$PGOPTIONS``),
+unless those set them; a unit (``60s``), ``0`` (off) or ``default`` (not sent).
+
 Connections are pinged before use (pre-ping) when they sat idle in the pool
 for ``pool_ping_idle`` seconds or more, so a restarted server or a dropped
 idle connection costs a reconnect, not an error. ``0`` pings on every
@@ -88,6 +109,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
 from vcdl.errors import LedgerError, LedgerNotFound, UnsupportedLedger
 from vcdl.ledger import migrations
 from vcdl.ledger.foreign import not_a_database, refuse_foreign, sqlite_tables
+from vcdl.ledger.pgsession import session_connect_args
 from vcdl.ledger.retry import (
     TRANSIENT_RETRIES,
     TRANSIENT_SQLSTATES,
@@ -221,7 +243,7 @@ class LedgerEngine:
                     "installed; install vcdl with its postgres extra "
                     "(pip install -c constraints.txt '.[postgres]') or psycopg[binary]"
                 ) from None
-            connect_args: dict[str, Any] = {}
+            url, connect_args = session_connect_args(url, self.display)
             if "connect_timeout" not in url.query:
                 connect_args["connect_timeout"] = 10
             if "application_name" not in url.query:
@@ -386,6 +408,9 @@ class LedgerEngine:
 
         def upgrade(conn: Connection) -> str | None:
             if self.backend == "postgresql":
+                # No statement timeout for an upgrade: a large ledger's may take
+                # longer, and so may the wait of those queued on its lock.
+                conn.exec_driver_sql("SET LOCAL statement_timeout = 0")
                 conn.exec_driver_sql(
                     f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK_KEY}, hashtext(current_schema()))"
                 )

@@ -12,7 +12,8 @@ mode, one round trip, and the server needs ~0.3 ms for it; SQLAlchemy's
 metadata from ``cursor.description``, events, compiled-cache lookup) cost the
 client ~0.7 ms more per call, the largest item of a merge's CPU when many
 writers share a machine (benchmarks/ledger.py). Here a call is: a connection
-from the engine's own pool (so pool size, pre-ping after idle and recycling
+from the engine's own pool (so pool size, pre-ping after idle, recycling and
+the connection's keepalives and server timeouts, :mod:`vcdl.ledger.pgsession`,
 are unchanged), ``autocommit`` on, one server-side prepared statement
 (parsed and planned once per connection, then a generic plan; a URL's
 ``prepare_threshold=None`` turns this off), the tuple row read by position, the connection back.

@@ -11,7 +11,9 @@ other's, so that the two keep one policy. Two kinds of transient error:
   minute, the outage logged once), but only where repeating cannot apply a
   write twice (:func:`safe_to_repeat`). A write whose connection was lost
   while its commit was on the way may or may not have been applied; it is
-  raised as before, never guessed at.
+  raised as before, never guessed at. A session the server ended for sitting
+  idle in a transaction (SQLSTATE 25P03, :mod:`vcdl.ledger.pgsession`) is the
+  exception: its transaction was rolled back, so any call is run again.
 
 A refusal by the ledger itself (a fencing token, a state move, a unique
 constraint) is never transient.
@@ -31,8 +33,12 @@ TRANSIENT_SQLSTATES: Final = frozenset({"40001", "40P01"})
 TRANSIENT_RETRIES: Final = 8
 
 # The server was away, not the statement wrong: admin_shutdown, crash_shutdown,
-# cannot_connect_now, too_many_connections; and every connection_exception (08...).
-_AWAY_SQLSTATES: Final = frozenset({"57P01", "57P02", "57P03", "53300"})
+# cannot_connect_now, too_many_connections, idle_in_transaction_session_timeout;
+# and every connection_exception (08...).
+_AWAY_SQLSTATES: Final = frozenset({"57P01", "57P02", "57P03", "53300", "25P03"})
+# The server ended the session because it sat idle inside a transaction
+# (vcdl.ledger.pgsession): that transaction was rolled back, its commit never ran.
+_IDLE_ENDED: Final = "25P03"
 
 Phase = Literal["connect", "run", "commit"]
 """Where a call was when it failed: getting a connection (nothing sent), running its
@@ -66,6 +72,13 @@ def lost_connection(error: BaseException) -> bool:
     # SQLSTATE (sqlite3's OperationalError, "database is locked", is not one).
     kind = type(orig)
     return kind.__name__ == "OperationalError" and kind.__module__.startswith("psycopg")
+
+
+def rolled_back(error: BaseException) -> bool:
+    """Whether ``error`` says the server ended the session while it sat idle inside
+    a transaction: the transaction was rolled back whole, so running the call again
+    applies nothing twice, whatever was on the way (a COMMIT included)."""
+    return getattr(getattr(error, "orig", error), "sqlstate", None) == _IDLE_ENDED
 
 
 def safe_to_repeat(phase: Phase, *, reads: bool, autocommit: bool) -> bool:
@@ -103,7 +116,7 @@ def reconnect_pause(
     answered this process: a few quick retries, :meth:`~vcdl.transient.Outage.may_retry`)."""
     if not (service.may_retry(n) and lost_connection(error)):
         return None
-    if not safe_to_repeat(phase, reads=reads, autocommit=autocommit):
+    if not (rolled_back(error) or safe_to_repeat(phase, reads=reads, autocommit=autocommit)):
         return None
     return policy.next_pause(n, elapsed, _JITTER)
 
