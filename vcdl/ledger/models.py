@@ -1,4 +1,4 @@
-"""The ledger's tables: runs, subtasks, attempts, versions, evaluations.
+"""The ledger's tables: runs, subtasks, attempts, versions, evaluations, the driver's decisions.
 
 This module owns the schema only (SQLModel ``table=True`` classes, their
 constraints and the UTC timestamp column type); the queries live in
@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import uuid4
 
-from sqlalchemy import BigInteger, DateTime, Dialect, Text, UniqueConstraint
+from sqlalchemy import BigInteger, DateTime, Dialect, Index, Text, UniqueConstraint
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
@@ -201,3 +201,36 @@ class Evaluation(SQLModel, table=True):
     # recorded before objectives, whose metrics are loss and accuracy.
     metrics: str | None = Field(default=None, sa_type=Text)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+DECISIONS_PER_SUBTASK = 50
+"""Decisions the ledger keeps of one subtask (the first ones): a subtask's reissues are bounded
+by ``fault.max_attempts`` and its free hand-backs by ``FREE_HANDBACKS`` (20), so only a
+pathological history reaches this."""
+
+
+class Decision(SQLModel, table=True):
+    """A decision of the driver about a subtask that its attempt rows cannot show.
+
+    Written by the epoch's executor on the fault path only (``vcdl story``
+    tells them): ``handed_back`` (a worker under a preemption notice handed
+    the task back before claiming an attempt; ``worker`` is that worker),
+    ``reissue`` (the subtask's task was submitted again; ``detail`` is why)
+    and ``closed`` (failed, dropped or deferred, and why: the subtask's row
+    keeps no time, and a deferred subtask's state is overwritten once a
+    later epoch trains it). At most :data:`DECISIONS_PER_SUBTASK` per
+    subtask. Nothing else reads them: a replay and ``vcdl audit`` go by the
+    attempts and versions.
+    """
+
+    __tablename__ = "decision"
+    __table_args__ = (Index("ix_decision_run_epoch_shard", "run", "epoch", "shard"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run: str = Field(foreign_key="run.name")
+    epoch: int
+    shard: int
+    kind: str
+    worker: str | None = None
+    detail: str = Field(default="", sa_type=Text)
+    at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)

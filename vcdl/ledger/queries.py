@@ -5,7 +5,8 @@
 default) and PostgreSQL (several machines), put together from one part per
 kind of row: runs and the lease (:mod:`vcdl.ledger.runs`), versions and
 evaluations (:mod:`vcdl.ledger.versions`), subtasks and attempts
-(:mod:`vcdl.ledger.work`), the merge (:mod:`vcdl.ledger.merging`), on what
+(:mod:`vcdl.ledger.work`), the merge (:mod:`vcdl.ledger.merging`), the
+driver's decisions about subtasks (:mod:`vcdl.ledger.decisions`), on what
 they share (:mod:`vcdl.ledger.base`). Connections, pools, retries and the
 schema migrations on open live in :mod:`vcdl.ledger.engine`. It enforces
 the two rules the rest of vcdl relies on (docs/design.md §1):
@@ -30,10 +31,12 @@ of times per epoch, is one statement per call there, run on psycopg directly
 from __future__ import annotations
 
 from vcdl.ledger.base import attempt_timings
+from vcdl.ledger.decisions import DecisionQueries
 from vcdl.ledger.engine import redact_url
 from vcdl.ledger.merging import HeadMoved, MergeQueries
 from vcdl.ledger.models import (
     Attempt,
+    Decision,
     Evaluation,
     Run,
     Subtask,
@@ -43,7 +46,7 @@ from vcdl.ledger.runs import RunQueries
 from vcdl.ledger.work import WorkQueries
 
 
-class Ledger(RunQueries, WorkQueries, MergeQueries):
+class Ledger(RunQueries, WorkQueries, MergeQueries, DecisionQueries):
     """Runs, subtasks, attempts, versions and evaluations in one SQL database.
 
     ``url`` is an SQLAlchemy URL: ``sqlite:///path/ledger.db`` (the parent
@@ -58,6 +61,7 @@ class Ledger(RunQueries, WorkQueries, MergeQueries):
 
 __all__ = [
     "Attempt",
+    "Decision",
     "Evaluation",
     "HeadMoved",
     "Ledger",
