@@ -20,6 +20,10 @@ the epoch subflows share one Dask client and are pipelined
 (flows/workarounds/).
 
 It decides nothing: each instruction type maps to one call (:meth:`EpochExecutor._do`).
+The decisions no attempt row shows (a :class:`Note`: a task handed back under
+notice, a reissue and its reason; a :class:`Close`) it records in the ledger
+as it carries them out, one small insert each on the fault path, for ``vcdl
+story``; a failure to record one is said once and never fails the run.
 Longer than ~500 lines on purpose: one executor carries out every kind of
 instruction of the state machine; the decisions themselves live elsewhere.
 """
@@ -75,6 +79,7 @@ from vcdl.driver.epoch_events import (
     Merge,
     MergeDone,
     MergeGroup,
+    Note,
     Opened,
     Prune,
     RecordDuplicate,
@@ -144,6 +149,7 @@ class EpochExecutor:
         # Dispatch phases of results not merged yet, by attempt id.
         self.overhead: dict[str, dict[str, float]] = {}
         self.duplicates = 0  # recorded when the epoch settles
+        self.unrecorded = 0  # decisions the ledger refused to record (said once)
         # The background evaluation (Evaluate(background=True)), its thread, and
         # the last epoch's evaluation at the barrier.
         self.pool: ThreadPoolExecutor | None = None
@@ -337,6 +343,10 @@ class EpochExecutor:
                 )
                 assert sub.id is not None
                 self.ledger.set_subtask_state(sub.id, state, reason=reason)
+                # The row keeps no time, and a deferred state is overwritten later.
+                self._record(key, "closed", f"{state}: {reason}")
+            case Note(key, kind, detail, worker):
+                self._record(key, kind, detail, worker)
             case Cancel(key, number, message):
                 self._forget(key, number, "cancelled", message)
             case MarkCrashed(key, number, message):
@@ -400,6 +410,28 @@ class EpochExecutor:
             set_task_run_state(fut, "cancelled", message)
         else:
             set_task_run_state(fut, "crashed", message)
+
+    def _record(self, key: Key, kind: str, detail: str, worker: str = "") -> None:
+        """Record a decision the attempt rows cannot show (``vcdl story`` tells it).
+
+        One small insert, on the fault path only. A failure to record one costs
+        the story a line, never the run: said once per epoch, then ignored. A
+        lost lease is no such failure (another driver runs the run now).
+        """
+        try:
+            self.ledger.record_decision(self.ref.run, *key, kind, detail, worker=worker or None)
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            if not self.unrecorded:
+                self.log.warning(
+                    "epoch %d shard %d: its %s decision was not recorded in the ledger (vcdl "
+                    "story will not tell it; the run goes on): %s",
+                    *key,
+                    kind,
+                    exc,
+                )
+            self.unrecorded += 1
 
     def _abandon(self, a: AttemptFact, state: str, reason: str) -> None:
         # A killed attempt ended when its worker died, not when the driver

@@ -43,6 +43,7 @@ from vcdl.driver.epoch_events import (
     Merge,
     MergeDone,
     MergeGroup,
+    Note,
     Opened,
     Prune,
     RecordDuplicate,
@@ -107,7 +108,8 @@ def test_a_leftover_that_cannot_be_merged_is_trained_now(kind: str) -> None:
     left = a(1, "finished", key=(0, 0))
     state.handle(Opened(((0, 0),), leftovers=(left,)))
     out = state.handle(MergeDone((0, 0), left.id, kind, reason="NaN"))  # type: ignore[arg-type]
-    assert kinds(out) == ["Submit"] and out[-1] == Submit((0, 0), 1)
+    assert kinds(out) == ["Note", "Submit"] and out[-1] == Submit((0, 0), 1)
+    assert out[-2] == Note((0, 0), "reissue", f"{kind}: NaN (left by a previous driver)")
 
 
 def test_an_epoch_opens_once() -> None:
@@ -147,7 +149,7 @@ def test_a_task_that_found_its_subtask_finished_changes_nothing() -> None:
 
 
 @pytest.mark.parametrize(
-    ("partial", "expected"), [("scale", ["Merge"]), ("discard", ["Reject", "Submit"])]
+    ("partial", "expected"), [("scale", ["Merge"]), ("discard", ["Reject", "Note", "Submit"])]
 )
 def test_a_partial_result_is_merged_scaled_or_discarded(partial: str, expected: list[str]) -> None:
     state = opened(EpochPolicy(epoch=2, shards=8, partial=partial))  # type: ignore[arg-type]
@@ -203,6 +205,7 @@ def test_a_lost_task_kills_its_running_attempts_and_is_reissued() -> None:
     assert out == [
         Abandon((dead,), "killed", "worker died"),
         Say(logging.WARNING, "epoch 2 shard 5 reissued: OSError: connection reset"),
+        Note(K, "reissue", "OSError: connection reset"),
         Submit(K, 2),
     ]
     assert state.tally["errors"] == 1 and state.tally["killed"] == 1
@@ -222,6 +225,32 @@ def test_a_hand_back_under_notice_is_reissued_as_a_worker_death() -> None:
         "under preemption notice"
     ]
     assert state.handed_back == {K: 1} and state.tally["errors"] == 1
+    # What no attempt row shows, for the ledger (flows/epoch.py records it): the worker
+    # that handed the task back, then the reissue with its reason.
+    reason = "handed back untrained by tcp://10.0.0.7:4000, under preemption notice"
+    assert [i for i in out if isinstance(i, Note)] == [
+        Note(K, "handed_back", "untrained, under preemption notice", "tcp://10.0.0.7:4000"),
+        Note(K, "reissue", reason),
+    ]
+    assert kinds(out) == ["Note", "Note", "Submit"]
+
+
+def test_a_new_driver_notes_why_it_trains_a_subtask_again() -> None:
+    state = EpochState(EpochPolicy(epoch=0, shards=2))
+    stranded = a(1, "running", key=(0, 1))
+    out = state.handle(Opened(((0, 0), (0, 1)), stranded=(stranded,)))
+    notes = [i for i in out if isinstance(i, Note)]
+    assert notes == [Note((0, 1), "reissue", "its attempt was lost with a previous driver")]
+    assert out.index(notes[0]) == out.index(Submit((0, 1), 1)) - 1  # recorded before it goes
+
+
+def test_the_fault_free_path_notes_nothing() -> None:
+    state = EpochState(EpochPolicy(epoch=0, shards=2))
+    out = state.handle(Opened(((0, 0), (0, 1))))
+    done = a(1, "finished", key=(0, 0))
+    out += state.handle(TaskReturned((0, 0), "finished", (done,), attempt_id=done.id))
+    out += state.handle(MergeDone((0, 0), done.id, "merged", version=1, alpha=1.0, staleness=0))
+    assert not [i for i in out if isinstance(i, Note)]
 
 
 def test_an_attempt_past_its_deadline_is_cancelled_and_reissued() -> None:

@@ -360,6 +360,26 @@ class MarkCrashed:
     message: str
 
 
+NoteKind = Literal["handed_back", "reissue"]
+"""What a :class:`Note` records (the ledger's ``decision.kind``; the executor records a
+:class:`Close` as ``closed``)."""
+
+
+@dataclass(frozen=True)
+class Note:
+    """Record in the ledger a decision about the subtask that its attempts cannot show.
+
+    ``handed_back``: a worker under a preemption notice (``worker``) handed the
+    task back before claiming an attempt; ``reissue``: the subtask is submitted
+    again, ``detail`` says why. Fault-path only: the fault-free path notes nothing.
+    """
+
+    key: Key
+    kind: NoteKind
+    detail: str = ""
+    worker: str = ""
+
+
 @dataclass(frozen=True)
 class Say:
     """A line for the run's log, at a :mod:`logging` level."""
@@ -378,6 +398,7 @@ Instruction = (
     | Close
     | Cancel
     | MarkCrashed
+    | Note
     | Say
     | Prune
     | Evaluate

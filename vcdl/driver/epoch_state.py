@@ -47,7 +47,12 @@ when none of its subtasks merged, else settle, evaluate, prune, advance).
 
 Like dask's worker state machine it keeps a bounded log of the events it
 received and the instructions it returned (:meth:`EpochState.story`, for one
-subtask), and checks its own invariants (:meth:`EpochState.validate_state`).
+subtask, while its driver runs), and checks its own invariants
+(:meth:`EpochState.validate_state`). What of that log no ledger row shows it
+says in :class:`Note` instructions (a task handed back untrained under
+notice, with its worker; a reissue, with its reason), which the executor
+records in the ledger with each :class:`Close` (``decision`` rows): ``vcdl
+story`` tells them after the driver is gone.
 
 One epoch's decisions are here, every rule beside the others it interacts
 with (the budget, reissues, the quorum, merges and the barrier); the
@@ -87,6 +92,7 @@ from vcdl.driver.epoch_events import (
     Merge,
     MergeDone,
     MergeGroup,
+    Note,
     Opened,
     Prune,
     Reject,
@@ -323,8 +329,11 @@ class EpochState:
                 out.append(self._say(logging.INFO, a.key, "left by a previous driver: merging it"))
                 self.merging[a.key] = True
                 out += self._merge(a.key, a.id)
+        lost = {a.key for a in event.stranded}
         for key in todo:
             if key not in self.merging:
+                if key in lost:  # a new driver's reissue: its Say is the Abandon's row
+                    out.append(Note(key, "reissue", "its attempt was lost with a previous driver"))
                 out += self._submit(key)
         return out
 
@@ -333,7 +342,8 @@ class EpochState:
         if event.kind == "handed_back":
             self.handed_back[key] += 1
             reason = f"handed back untrained by {event.worker}, under preemption notice"
-            return self._lost(key, reason, event.attempts)
+            noted = Note(key, "handed_back", "untrained, under preemption notice", event.worker)
+            return [noted, *self._lost(key, reason, event.attempts)]
         if event.kind == "skipped":  # the subtask was finished before the task began
             self.tally["skipped"] += 1
             return []
@@ -410,7 +420,11 @@ class EpochState:
         if leftover:
             # A result a previous driver left: its subtask is trained now, as
             # if the result had never been (the attempt budget counts it).
-            return out + self._submit(key)
+            return [
+                *out,
+                Note(key, "reissue", f"{why} (left by a previous driver)"),
+                *self._submit(key),
+            ]
         return out + self._reissue(key, why, event.attempts)
 
     def _reissue(self, key: Key, reason: str, attempts: Sequence[AttemptFact]) -> list[Instruction]:
@@ -430,7 +444,11 @@ class EpochState:
                 self._say(logging.ERROR, key, f"failed for good: {reason}"),
             ]
         self.tally["reissued"] += 1
-        return [self._say(logging.WARNING, key, f"reissued: {reason}"), *self._submit(key)]
+        return [
+            self._say(logging.WARNING, key, f"reissued: {reason}"),
+            Note(key, "reissue", reason),
+            *self._submit(key),
+        ]
 
     def _tick(self, now: float) -> list[Instruction]:
         """Past the straggler deadline: leave the late shards to the next epoch or drop them."""
