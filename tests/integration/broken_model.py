@@ -1,5 +1,5 @@
 """Model factories that misbehave on purpose: one always fails, one hangs once, one kills
-its worker once."""
+its worker once, one gives its worker a preemption notice once."""
 
 from __future__ import annotations
 
@@ -72,3 +72,31 @@ class DiesOnce(nn.Module):
 
 def dies_once(input_shape: tuple[int, ...], num_classes: int, marker: str) -> nn.Module:
     return DiesOnce(marker)
+
+
+class NoticedOnce(nn.Module):
+    """A small MLP whose first forward pass on a Dask worker (one marker file) sends its
+    worker's process SIGTERM: a preemption notice mid-attempt, as a spot VM's. The attempt
+    stops at its batch boundary with a partial result; tasks already queued on that worker
+    hand their shards back untrained."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__()
+        self.linear = nn.Linear(40, 10)
+        self.marker = marker
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from distributed import get_worker
+
+        try:
+            get_worker()  # never the driver's process (an evaluation there)
+            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+        except (ValueError, FileExistsError):
+            pass
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return self.linear(x.reshape(len(x), -1))
+
+
+def noticed_once(input_shape: tuple[int, ...], num_classes: int, marker: str) -> nn.Module:
+    return NoticedOnce(marker)

@@ -6,11 +6,21 @@ an attempt dies mid-training with nothing recorded, the nanny restarts the
 worker, the driver gives the attempt up as killed and the subtask is trained
 again and merged. ``vcdl story`` must tell exactly that, in the terminal and
 as JSON, and the run's Prefect summary must name the command that tells it.
+
+A second run's model sends its worker SIGTERM (a preemption notice) at its
+first forward pass (``noticed_once``): that attempt hands in a partial
+result, and the tasks already queued on the worker hand their shards back
+untrained, which no attempt row shows. After the run, a fresh ``vcdl story
+--json`` process must tell the hand-back (with its worker) and the reissue
+with its reason, from the driver's recorded decisions (the ``decision``
+table).
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +29,7 @@ from vcdl import api
 from vcdl.cli import main
 from vcdl.config import parse_config
 from vcdl.views.artifacts import artifact_key
+from vcdl.views.audit import audit_run
 from vcdl.views.story import read_story
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.alone]
@@ -105,3 +116,79 @@ def test_the_prefect_summary_names_the_story_command(home: Path) -> None:
     md = str(max(found, key=lambda a: a.created or 0).data)
     assert f"`vcdl story {RUN} --epoch E --shard S` tells everything" in md
     assert f"`vcdl story {RUN} --epoch 0`" in md  # the epoch with the reissue
+
+
+NOTICED = "notice-story"
+
+
+@pytest.fixture(scope="module")
+def noticed_home(prefect_api: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run whose worker got a preemption notice mid-attempt, with tasks queued on it."""
+    home = tmp_path_factory.mktemp("notice-story")
+    marker = home / "noticed"
+    cfg = parse_config(
+        {
+            "run": {"name": NOTICED, "epochs": 1},
+            # Six shards on two workers: each worker holds three tasks (one training,
+            # one waiting for its slot, one in its queue), so the noticed one has two
+            # that hand back.
+            "data": {"name": "mnist1d", "samples": 1200, "shards": 6},
+            "model": {
+                "factory": "tests.integration.broken_model:noticed_once",
+                "kwargs": {"marker": str(marker)},
+            },
+            # Several batches a shard: the noticed attempt stops at a batch boundary.
+            "train": {"batch_size": 20},
+            "cluster": {"workers": 2},
+        }
+    )
+    summary = api.train(cfg, home=home)
+    assert summary["state"] == "completed", summary
+    assert marker.exists(), "no worker got a notice"
+    return home
+
+
+def test_a_task_handed_back_under_notice_and_its_reissue_are_told_after_the_run(
+    noticed_home: Path,
+) -> None:
+    ledger = api.run_ref(NOTICED, home=noticed_home).ledger()
+    handed = [d for d in ledger.decisions(NOTICED) if d.kind == "handed_back"]
+    assert handed, f"no task was handed back: {ledger.decisions(NOTICED)}"
+    shard, worker = handed[0].shard, handed[0].worker
+    assert worker and all(d.worker == worker for d in handed)  # the one worker noticed
+    # The worker's own attempt stopped at a batch boundary: a partial result.
+    assert any(a.worker == worker and "preemption notice" in (a.reason or "")
+               for a in ledger.attempts(NOTICED))  # fmt: skip
+
+    # A fresh process, long after the driver is gone: only the ledger tells it.
+    done = subprocess.run(
+        [sys.executable, "-m", "vcdl.cli", "story", NOTICED, "--epoch", "0",
+         "--shard", str(shard), "--json", "--home", str(noticed_home)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (subtask,) = json.loads(done.stdout)["subtasks"]
+    events = subtask["events"]
+    assert subtask["state"] == "merged", subtask
+    kinds = [e["kind"] for e in events]
+    back = kinds.index("handed_back")
+    assert events[back]["worker"] == worker and events[back]["attempt"] is None
+    assert events[back]["detail"] == "untrained, under preemption notice"
+    # Right after it, the reissue and its reason; then an attempt elsewhere, merged.
+    assert kinds[back + 1] == "reissue", kinds
+    reason = f"handed back untrained by {worker}, under preemption notice"
+    assert events[back + 1]["detail"] == reason
+    started = [e for e in events[back + 2 :] if e["kind"] in ("started", "reissued")]
+    assert started and all(e["worker"] != worker for e in started), events
+    assert kinds[-1] == "merged" and [e["at"] for e in events] == sorted(e["at"] for e in events)
+
+    # The run's summary counts the hand-backs.
+    done = subprocess.run(
+        [sys.executable, "-m", "vcdl.cli", "story", NOTICED, "--home", str(noticed_home)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    n = len(handed)
+    assert f"{n} task{'' if n == 1 else 's'} handed back under notice" in done.stdout
+    # The decisions are the story's alone: the run audits clean beside them.
+    assert audit_run(api.run_ref(NOTICED, home=noticed_home), deep=True) == []

@@ -9,6 +9,7 @@ errors included.
 
 from __future__ import annotations
 
+import itertools
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vcdl.cli import main
-from vcdl.ledger import Attempt, Ledger, Subtask, Version
-from vcdl.ledger.models import FOLDED_CHECKSUM
+from vcdl.ledger import Attempt, Decision, Ledger, Subtask, Version
+from vcdl.ledger.models import DECISIONS_PER_SUBTASK, FOLDED_CHECKSUM
 from vcdl.views.artifacts import summary_markdown
 from vcdl.views.story import RunStory, Story, read_story, tell
 from vcdl.views.story_text import SUMMARY_LINES, offset, short_worker, story_text, timeline
@@ -129,6 +130,117 @@ def test_a_folded_version_is_not_told_as_pruned_later() -> None:
     story = tell(sub, [attempt(1, "merged", 0, 2)], v, T0)
     assert [e.kind for e in story.events] == ["started", "returned", "merged"]
     assert "alpha unknown" in story.events[-1].detail and "folded" in story.events[-1].detail
+
+
+_IDS = itertools.count(1)
+
+
+def decision(kind: str, t: float, detail: str = "", worker: str | None = None) -> Decision:
+    """A decision row; ids rise in the order made, as the ledger's do."""
+    return Decision(id=next(_IDS), run="r", epoch=2, shard=5, kind=kind, worker=worker,
+                    detail=detail, at=at(t))  # fmt: skip
+
+
+W7 = "tcp://10.0.0.7:4000"
+HANDED = f"handed back untrained by {W7}, under preemption notice"
+
+
+def handed_back_then_merged() -> Story:
+    """A worker under notice hands the task back before claiming an attempt; the reissued
+    task claims attempt 1 (the first claimed), which is merged."""
+    sub = Subtask(id=7, run="r", epoch=2, shard=5, state="merged", attempts=1, merged_version=4)
+    version = Version(run="r", number=4, parent=3, subtask_id=7, attempt_id="a1", alpha=0.5,
+                      staleness=0, uri="v4", checksum="c", created_at=at(9.0))  # fmt: skip
+    handed = decision("handed_back", 3.0, "untrained, under preemption notice", W7)
+    # Recorded after the hand-back at the same moment; handed over in any order.
+    decisions = [decision("reissue", 3.0, HANDED), handed]
+    return tell(sub, [attempt(1, "merged", 4.0, 8.0, samples=400)], version, T0, decisions)
+
+
+def test_a_task_handed_back_under_notice_and_its_reissue_are_told() -> None:
+    story = handed_back_then_merged()
+    steps = [(e.kind, e.attempt, e.worker, e.seconds) for e in story.events]
+    assert steps == [
+        ("handed_back", None, W7, 3.0),
+        ("reissue", None, None, 3.0),
+        ("started", 1, "tcp://10.0.0.1:4000", 4.0),
+        ("returned", 1, "tcp://10.0.0.1:4000", 8.0),
+        ("merged", 1, None, 9.0),
+    ]
+    assert story.events[1].detail == HANDED
+    # A hand-back claimed no attempt: the outcomes are the attempts' alone, but the
+    # subtask is eventful (a capped summary keeps it).
+    assert story.outcomes == [(1, "merged")] and story.handed_back == 1 and story.eventful
+    assert story.to_dict()["events"][0] == {
+        "at": "2026-03-01T12:00:03+00:00", "seconds": 3.0, "kind": "handed_back",
+        "attempt": None, "worker": W7, "version": None,
+        "detail": "untrained, under preemption notice",
+    }  # fmt: skip
+    lines = timeline(story, "r")
+    assert lines[1:3] == [
+        "   +0:03.0     handed back 10.0.0.7:4000  untrained, under preemption notice",
+        "   +0:03.0     reissuing                  because handed back untrained by tcp://10.0.0.7:4000, und…",  # noqa: E501
+    ]  # fmt: skip
+    assert all(len(line) <= 100 for line in lines)
+    told = RunStory("r", T0, None, None, 3, [story])
+    out = story_text(told)
+    assert "1 task handed back under notice" in out
+
+
+def test_the_reason_of_each_reissue_is_told_between_the_attempts() -> None:
+    sub = Subtask(id=7, run="r", epoch=2, shard=5, state="merged", attempts=2, merged_version=9)
+    rows = [attempt(1, "timeout", 0, 900.0, reason="past its deadline"),
+            attempt(2, "merged", 901.0, 950.0)]  # fmt: skip
+    decisions = [decision("reissue", 900.5, "timeout after 900s")]
+    story = tell(sub, rows, None, T0, decisions)
+    assert [(e.kind, e.attempt) for e in story.events] == [
+        ("started", 1), ("timeout", 1), ("reissue", None), ("reissued", 2), ("returned", 2),
+    ]  # fmt: skip
+    assert story.events[2].detail == "timeout after 900s"
+
+
+def test_a_recorded_closing_has_its_own_time_and_outlives_a_later_merge() -> None:
+    # Failed: the recorded closing replaces the one put after the last event.
+    failed = Subtask(id=7, run="r", epoch=2, shard=5, state="failed", attempts=1, reason="boom")
+    rows = [attempt(1, "failed", 0, 1, reason="RuntimeError: boom")]
+    story = tell(failed, rows, None, T0, [decision("closed", 1.5, "failed: boom")])
+    last = story.events[-1]
+    assert (last.kind, last.seconds, last.detail) == ("closed", 1.5, "failed: boom")
+    assert [e.kind for e in story.events].count("closed") == 1
+    # Deferred by the quorum, then merged in the next epoch: the row says merged only.
+    merged = Subtask(id=7, run="r", epoch=2, shard=5, state="merged", attempts=2, merged_version=5)
+    rows = [attempt(1, "killed", 0, 60, reason="cancelled as a straggler"),
+            attempt(2, "merged", 70, 80)]  # fmt: skip
+    deferred = decision("closed", 60.5, "deferred: late: quorum policy")
+    story = tell(merged, rows, None, T0, [deferred])
+    assert ("closed", deferred.detail) in [(e.kind, e.detail) for e in story.events]
+
+
+def test_the_decisions_kept_and_a_kind_this_vcdl_does_not_know() -> None:
+    sub = Subtask(id=7, run="r", epoch=2, shard=5, state="failed", attempts=0, reason="x")
+    many = [decision("reissue", float(i), f"try {i}") for i in range(DECISIONS_PER_SUBTASK)]
+    story = tell(sub, [], None, T0, many)
+    assert story.events[DECISIONS_PER_SUBTASK - 1].detail.endswith(
+        f"(the ledger keeps a subtask's first {DECISIONS_PER_SUBTASK} decisions)"
+    )
+    story = tell(sub, [], None, T0, [decision("rebalanced", 1.0, "moved")])
+    first = story.events[0]
+    assert (first.kind, first.detail) == ("decided", "rebalanced: moved")
+
+
+def test_read_story_merges_the_ledgers_decisions(tmp_path: Path) -> None:
+    with Ledger(f"sqlite:///{tmp_path}/ledger.db") as ledger:
+        ledger.create_run("r", json.dumps({"run": {"epochs": 1}}), "r/v0", "c0")
+        ledger.ensure_subtasks("r", 0, 2)
+        ledger.record_decision("r", 0, 1, "handed_back", "untrained, under preemption notice",
+                               worker=W7)  # fmt: skip
+        ledger.record_decision("r", 0, 1, "reissue", HANDED)
+        ledger.record_decision("r", 0, 0, "reissue", "not shard 1's")
+        (story,) = read_story(ledger, "r", epoch=0, shard=1).stories
+        assert [e.kind for e in story.events] == ["handed_back", "reissue"]
+        assert story.events[0].worker == W7
+        whole = read_story(ledger, "r")
+        assert [len(s.events) for s in whole.stories] == [1, 2]
 
 
 STATES = ["running", "finished", "interrupted", "killed", "timeout", "failed", "rejected",

@@ -24,7 +24,7 @@ def add_parsers(sub: Subparsers, parents: Parents) -> None:
         "story",
         parents=reporting,
         help="everything that happened to a run's subtasks: attempts, workers, kills, "
-        "reissues, rejections, the merge and its version",
+        "notices and tasks handed back, reissues and why, rejections, the merge and its version",
     )
     st.add_argument("run")
     st.add_argument("--epoch", type=int, help="only this epoch's subtasks, a line each")

@@ -2,24 +2,33 @@
 
 This module owns the facts of ``vcdl story RUN [--epoch E] [--shard S]``:
 :func:`tell` (pure) turns one subtask's ledger rows (the subtask, its
-attempts, its merged version) into :class:`StoryEvent` s, oldest first:
-each attempt's start (a reissue if it is not the first; from which base
-version, resuming which attempt's checkpoint), how it ended (a result, a
-partial result under a preemption notice, killed, timed out, failed,
-rejected and why, a late duplicate), the merge and the version it made (α,
-staleness, parent), retention letting that version's weights go, and why
-the subtask was closed otherwise (failed, dropped, deferred). Every time is
-also given in seconds from the run's start. :func:`read_story` reads the
-rows and refuses an epoch or a shard that does not exist, naming those
-that do. The text is :mod:`vcdl.views.story_text`'s.
+attempts, its merged version, the driver's decisions about it) into
+:class:`StoryEvent` s, oldest first: each attempt's start (a reissue if it
+is not the first; from which base version, resuming which attempt's
+checkpoint), how it ended (a result, a partial result under a preemption
+notice, killed, timed out, failed, rejected and why, a late duplicate), the
+merge and the version it made (α, staleness, parent), retention letting that
+version's weights go, and why the subtask was closed otherwise (failed,
+dropped, deferred). Every time is also given in seconds from the run's
+start. :func:`read_story` reads the rows and refuses an epoch or a shard
+that does not exist, naming those that do. The text is
+:mod:`vcdl.views.story_text`'s.
 
 The story is told from the ledger because the ledger is what outlives the
 driver. The epoch's state machine keeps a bounded log of its own decisions
-(``EpochState.story``) only while its driver runs; nothing persists it.
-What only that log knows is therefore missing: a task that a worker under
-notice handed back before claiming an attempt, the reason a reissue was
-decided with. Its consequences are in the rows (the next attempt's start,
-an attempt given up as killed because "the task was re-run elsewhere").
+(``EpochState.story``) only while its driver runs; what of it no attempt row
+shows, the driver records as it decides (``decision`` rows,
+:mod:`vcdl.ledger.decisions`, written by ``flows/epoch.py``), and
+:func:`tell` merges them in time order: a task that a worker under notice
+handed back before claiming an attempt (``handed_back``, with the worker),
+each reissue and the reason it was decided with (``reissue``; an attempt
+row's ``reissued`` says only that a later attempt started), and when and
+why a subtask was closed (a recorded ``closed``; else, for a run recorded
+before them, a ``closed`` put after the last event). So they are told after
+the driver is gone, also after a killed driver and ``vcdl resume``, and of
+a subtask deferred by the quorum and merged in a later epoch. The ledger
+keeps a subtask's first :data:`~vcdl.ledger.models.DECISIONS_PER_SUBTASK`
+decisions; a kind this vcdl does not know is told as ``decided``.
 """
 
 from __future__ import annotations
@@ -31,8 +40,8 @@ from datetime import datetime
 from typing import Any, Literal
 
 from vcdl.errors import SubtaskNotFound
-from vcdl.ledger import Attempt, Ledger, Subtask, Version
-from vcdl.ledger.models import FOLDED_CHECKSUM
+from vcdl.ledger import Attempt, Decision, Ledger, Subtask, Version
+from vcdl.ledger.models import DECISIONS_PER_SUBTASK, FOLDED_CHECKSUM
 
 EventKind = Literal[
     "started",
@@ -47,6 +56,9 @@ EventKind = Literal[
     "merged",
     "pruned",
     "closed",
+    "handed_back",
+    "reissue",
+    "decided",
 ]
 """What an event is, as a stable token (docs/cli.md lists them)."""
 
@@ -60,6 +72,13 @@ _END_KIND: dict[str, EventKind] = {
     "failed": "failed",
     "rejected": "rejected",
     "duplicate": "duplicate",
+}
+
+#: The driver's decisions (``decision.kind``) that are events of their own kind.
+_DECIDED: dict[str, EventKind] = {
+    "handed_back": "handed_back",
+    "reissue": "reissue",
+    "closed": "closed",
 }
 
 #: Subtask states that close a subtask without a merge; the reason says why.
@@ -113,7 +132,12 @@ class Story:
     @property
     def eventful(self) -> bool:
         """Anything but one attempt that was merged: what a capped summary keeps."""
-        return self.state != "merged" or len(self.outcomes) != 1
+        return self.state != "merged" or len(self.outcomes) != 1 or self.handed_back > 0
+
+    @property
+    def handed_back(self) -> int:
+        """Tasks that workers under a preemption notice handed back untrained."""
+        return sum(1 for e in self.events if e.kind == "handed_back")
 
 
 @dataclass(frozen=True)
@@ -200,14 +224,37 @@ def _merged(v: Version, numbers: dict[str, int], start: datetime) -> list[StoryE
     return out
 
 
+def _decided(decisions: Sequence[Decision], start: datetime) -> list[StoryEvent]:
+    """The driver's recorded decisions as events (an unknown kind is told as it is)."""
+    out = []
+    for d in sorted(decisions, key=lambda d: (d.at, d.id or 0)):
+        # A kind this vcdl does not know (a newer one recorded it) is told with its name.
+        kind = _DECIDED.get(d.kind, "decided")
+        detail = d.detail if d.kind in _DECIDED else f"{d.kind}: {d.detail}"
+        out.append(StoryEvent(d.at, _since(start, d.at), kind, None, d.worker, None, detail))
+    if len(decisions) >= DECISIONS_PER_SUBTASK and out:
+        last = out[-1]
+        kept = f"the ledger keeps a subtask's first {DECISIONS_PER_SUBTASK} decisions"
+        out[-1] = StoryEvent(
+            last.at, last.seconds, last.kind, None, last.worker, None, f"{last.detail} ({kept})"
+        )
+    return out
+
+
 def tell(
-    subtask: Subtask, attempts: Iterable[Attempt], version: Version | None, start: datetime
+    subtask: Subtask,
+    attempts: Iterable[Attempt],
+    version: Version | None,
+    start: datetime,
+    decisions: Sequence[Decision] = (),
 ) -> Story:
-    """The story of ``subtask`` from its attempts' rows and its merged version's row.
+    """The story of ``subtask`` from its attempts' rows, its merged version's row and the
+    driver's recorded ``decisions`` about it.
 
     ``start`` is the run's start: each event's ``seconds`` count from it.
     Events are in time order; at equal times, in the order they happened
-    (an attempt's start before its end, its end before the merge).
+    (an attempt's start before its end, its end before the merge; a
+    decision after the attempts' events of its time).
     """
     rows = sorted(attempts, key=lambda a: a.number)
     numbers = {a.id: a.number for a in rows}
@@ -219,9 +266,11 @@ def tell(
             events.append(ended)
     if version is not None:
         events += _merged(version, numbers, start)
+    events += _decided(decisions, start)
     # Stable: ties keep the order above.
     events.sort(key=lambda e: e.at)
-    if subtask.state in CLOSED_STATES:
+    recorded_close = any(d.kind == "closed" for d in decisions)
+    if subtask.state in CLOSED_STATES and not recorded_close:
         # The ledger keeps no time for a subtask's closing: it is after its last event.
         at = events[-1].at if events else start
         detail = subtask.reason or ""
@@ -298,6 +347,11 @@ def check_selection(
             raise SubtaskNotFound(f"{whose} has no shard {shard}: its shards are {have}")
 
 
+def _key(s: Subtask) -> tuple[int, int]:
+    """A subtask's (epoch, shard)."""
+    return s.epoch, s.shard
+
+
 def read_story(
     ledger: Ledger, run: str, *, epoch: int | None = None, shard: int | None = None
 ) -> RunStory:
@@ -319,10 +373,13 @@ def read_story(
     for a in ledger.attempts(run, epoch):
         if a.subtask_id in ids:
             by_subtask.setdefault(a.subtask_id, []).append(a)
+    decided: dict[tuple[int, int], list[Decision]] = {}
+    for d in ledger.decisions(run, epoch, shard):
+        decided.setdefault((d.epoch, d.shard), []).append(d)
     versions = {v.subtask_id: v for v in ledger.versions(run, epoch=epoch) if v.subtask_id in ids}
     start = row.created_at
     stories = [
-        tell(s, by_subtask.get(s.id, []), versions.get(s.id), start)
+        tell(s, by_subtask.get(s.id, []), versions.get(s.id), start, decided.get(_key(s), []))
         for s in sorted(chosen, key=lambda s: (s.epoch, s.shard))
     ]
     return RunStory(run, start, epoch, shard, epochs, stories)

@@ -42,6 +42,9 @@ _WHAT = {
     "merged": "merged",
     "pruned": "pruned",
     "closed": "closed",
+    "handed_back": "handed back",
+    "reissue": "reissuing",
+    "decided": "decided",
 }
 
 #: Words an event's detail starts with where its kind's one word says too little.
@@ -84,6 +87,8 @@ def _event_line(e: StoryEvent, workers: int) -> str:
     if e.kind in ("merged", "pruned") and e.version is not None:
         what += f" v{e.version}"
     detail = ", ".join(p for p in (_LEAD.get(e.kind, ""), e.detail) if p)
+    if e.kind == "reissue" and detail:
+        detail = f"because {detail}"
     worker = short_worker(e.worker)
     return f"{offset(e.seconds):>10} {number:>3} {what:<11} {worker:<{workers}}  {detail}"
 
@@ -142,6 +147,9 @@ def _tally(stories: Sequence[Story]) -> list[str]:
     partial = sum(c for k, c in ends.items() if "partial" in k)
     if partial:
         notable.append(f"{partial} partial (under notice)")
+    handed = sum(s.handed_back for s in stories)
+    if handed:
+        notable.append(f"{handed} task{'' if handed == 1 else 's'} handed back under notice")
     reissued = sum(max(len(s.outcomes) - 1, 0) for s in stories)
     subtasks = f"{len(stories)} subtask{'' if len(stories) == 1 else 's'}: " + ", ".join(
         f"{c} {k}" for k, c in sorted(states.items())
