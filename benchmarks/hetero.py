@@ -39,6 +39,7 @@ Issue 51's speed-aware sizing of attempts is not built: no contender has it.
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from collections import defaultdict
@@ -212,7 +213,7 @@ def run_figures(cfg: RunConfig) -> dict[str, Any]:
     final = max(curve)[1] if curve else float("nan")
     return {
         "loss": final,
-        "curve": [(round(t, 2), round(v, 4)) for t, v in sorted(curve)],
+        "curve": sorted(curve),  # unrounded: a rounded final loss can miss itself
         "fastest_busy": fastest_busy(busy_fractions(spans, start, end)),
         "staleness": sum(stale) / len(stale) if stale else None,
         "span_s": end - start,
@@ -236,9 +237,9 @@ def level_table(
     """Medians per contender, with times to the synchronous contender's final loss."""
     sync_loss = median(r["loss"] for r in rows[SYNC])
     table: dict[str, dict[str, Any]] = {"one process": {"loss": round(median(one), 4)}}
-    sync_time = median(
-        t for r in rows[SYNC] if (t := time_to(r["curve"], sync_loss + 1e-9)) is not None
-    )
+    # Each synchronous run's own time to the median synchronous loss; a run that
+    # ended above it counts with its end (never reached sooner).
+    sync_time = median(time_to(r["curve"], sync_loss) or r["curve"][-1][0] for r in rows[SYNC])
     for name, runs in rows.items():
         times = [time_to(r["curve"], sync_loss) for r in runs]
         reached = [t for t in times if t is not None]
@@ -340,11 +341,8 @@ def main() -> None:
                     run = f"hetero-{level}-{name}-s{seed}"
                     rows[name].append(vcdl_run(cfg.updated(run={"name": run}), home))
                     r = rows[name][-1]
-                    print(
-                        f"[{level}] {name} seed {seed}: loss {r['loss']:.4f}, "
-                        f"busy {r['fastest_busy']}, wall {r['wall_s']:.0f} s",
-                        flush=True,
-                    )
+                    # Every run's figures as they come: a later failure loses none.
+                    print(f"[{level}] {name} seed {seed}: {json.dumps(r)}", flush=True)
             table = level_table(rows, one)
             v = verdicts(level, table)
             results[level] = {"speeds": LEVELS[level], "table": table, "targets": v}
