@@ -48,14 +48,18 @@ def hangs_once(
     return HangsOnce(marker, seconds)
 
 
-class DiesOnce(nn.Module):
-    """A small MLP whose first forward pass on a Dask worker (one marker file) SIGKILLs the
-    worker's process: a worker lost mid-attempt without notice, as a reclaimed spot VM."""
+class SignalsOnce(nn.Module):
+    """A small MLP whose first forward pass on a Dask worker (one marker file) sends its
+    worker's process ``signum``: SIGKILL is a worker lost mid-attempt without notice (a
+    reclaimed spot VM); SIGTERM a preemption notice mid-attempt, after which the attempt
+    stops at its batch boundary with a partial result and the tasks already queued on
+    that worker hand their shards back untrained."""
 
-    def __init__(self, marker: str) -> None:
+    def __init__(self, marker: str, signum: int) -> None:
         super().__init__()
         self.linear = nn.Linear(40, 10)
         self.marker = marker
+        self.signum = signum
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from distributed import get_worker
@@ -66,37 +70,13 @@ class DiesOnce(nn.Module):
         except (ValueError, FileExistsError):
             pass
         else:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), self.signum)
         return self.linear(x.reshape(len(x), -1))
 
 
 def dies_once(input_shape: tuple[int, ...], num_classes: int, marker: str) -> nn.Module:
-    return DiesOnce(marker)
-
-
-class NoticedOnce(nn.Module):
-    """A small MLP whose first forward pass on a Dask worker (one marker file) sends its
-    worker's process SIGTERM: a preemption notice mid-attempt, as a spot VM's. The attempt
-    stops at its batch boundary with a partial result; tasks already queued on that worker
-    hand their shards back untrained."""
-
-    def __init__(self, marker: str) -> None:
-        super().__init__()
-        self.linear = nn.Linear(40, 10)
-        self.marker = marker
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from distributed import get_worker
-
-        try:
-            get_worker()  # never the driver's process (an evaluation there)
-            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
-        except (ValueError, FileExistsError):
-            pass
-        else:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return self.linear(x.reshape(len(x), -1))
+    return SignalsOnce(marker, signal.SIGKILL)
 
 
 def noticed_once(input_shape: tuple[int, ...], num_classes: int, marker: str) -> nn.Module:
-    return NoticedOnce(marker)
+    return SignalsOnce(marker, signal.SIGTERM)
