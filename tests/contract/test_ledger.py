@@ -16,7 +16,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -39,19 +38,6 @@ from vcdl.ledger.engine import LedgerEngine
 from vcdl.ledger.merging import FoldItem, FoldRefused
 from vcdl.ledger.models import FOLDED_CHECKSUM
 from vcdl.states import IllegalTransition
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest) -> str:
-    url: str = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
-    return url
-
-
-@pytest.fixture
-def ledger(db_url: str) -> Iterator[Ledger]:
-    led = Ledger(db_url)
-    yield led
-    led.close()
 
 
 def new_run(ledger: Ledger, name: str = "r1", shards: int = 4) -> None:

@@ -10,7 +10,6 @@ reopening (what a fresh ``vcdl story`` process sees).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -19,19 +18,6 @@ from vcdl.errors import LeaseLost, RunNotFound
 from vcdl.ledger import Decision, Ledger
 from vcdl.ledger.decisions import DETAIL_CHARS
 from vcdl.ledger.models import DECISIONS_PER_SUBTASK
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest) -> str:
-    url: str = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
-    return url
-
-
-@pytest.fixture
-def ledger(db_url: str) -> Iterator[Ledger]:
-    led = Ledger(db_url)
-    yield led
-    led.close()
 
 
 def new_run(ledger: Ledger, name: str = "d1") -> None:
