@@ -180,7 +180,11 @@ def test_a_task_handed_back_under_notice_and_its_reissue_are_told_after_the_run(
     assert events[back + 1]["detail"] == reason
     started = [e for e in events[back + 2 :] if e["kind"] in ("started", "reissued")]
     assert started and all(e["worker"] != worker for e in started), events
-    assert kinds[-1] == "merged" and [e["at"] for e in events] == sorted(e["at"] for e in events)
+    # Merged last; retention may let the version's weights go after (when it is
+    # not one the run keeps, which depends on the order results came back).
+    merged = kinds.index("merged", back + 2)
+    assert set(kinds[merged + 1 :]) <= {"pruned"}, kinds
+    assert [e["at"] for e in events] == sorted(e["at"] for e in events)
 
     # The run's summary counts the hand-backs.
     done = subprocess.run(
