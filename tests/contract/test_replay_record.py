@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from tests.contract.test_ledger import db_url, ledger, new_run  # noqa: F401 (fixtures)
+from tests.contract.test_ledger import new_run
 from vcdl.ledger import Ledger
 from vcdl.replay.plan import replay_inputs
 
 
-def test_replay_inputs_are_recorded_and_read_back(ledger: Ledger) -> None:  # noqa: F811
+def test_replay_inputs_are_recorded_and_read_back(ledger: Ledger) -> None:
     new_run(ledger, "a")
     attempt = ledger.start_attempt("a", 0, 0, "w1")
     assert attempt.replay_inputs is None and replay_inputs(attempt) is None
