@@ -534,3 +534,24 @@ def test_make_mnist1d_writes_nothing_in_home(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, check=True, timeout=120)
     assert list(home.iterdir()) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "store"]
+
+
+def test_processes_that_never_reach_exit_leave_one_matplotlib_dir(tmp_path: Path) -> None:
+    """Killed workers and ``os._exit`` skip atexit: the cache dir must not pile up."""
+    import subprocess
+    import sys
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MPL", "XDG_"))}
+    env["TMPDIR"] = str(tmp)
+    code = (
+        "import os\n"
+        "from vcdl.data import make_mnist1d\n"
+        "from vcdl.store import WeightStore\n"
+        f"make_mnist1d(WeightStore({str(tmp_path / 'store')!r}), samples=100)\n"
+        "os._exit(0)\n"  # as a Dask worker ends: no atexit
+    )
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    assert [p.name for p in tmp.iterdir()] == [f"vcdl-matplotlib-{os.getuid()}"]

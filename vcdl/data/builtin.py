@@ -13,6 +13,7 @@ import atexit
 import os
 import random
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -70,6 +71,31 @@ def make_digits(
 _MPL_TMP: str | None = None
 
 
+def _private_cache_dir() -> str:
+    """One temp dir per user, shared by this user's processes and kept.
+
+    A fresh dir per process, removed at exit, was left behind by every
+    process that never reached exit (a killed worker, a Dask worker's
+    ``os._exit``): dozens a day. One per user stays one; matplotlib locks
+    its font cache file, so processes may share it. A dir another user
+    owns or can write to is not used: then a fresh one, removed at exit.
+    """
+    path = os.path.join(tempfile.gettempdir(), f"vcdl-matplotlib-{os.getuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        path = ""
+    if path:
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022:
+            return path
+    fresh = tempfile.mkdtemp(prefix="vcdl-matplotlib-")
+    atexit.register(shutil.rmtree, fresh, ignore_errors=True)
+    return fresh
+
+
 @contextmanager
 def _matplotlib_cache_in_tmp() -> Iterator[None]:
     """Keep matplotlib's font cache out of ``~/.cache`` while importing mnist1d.
@@ -77,15 +103,14 @@ def _matplotlib_cache_in_tmp() -> Iterator[None]:
     ``mnist1d/__init__`` imports ``matplotlib.pyplot`` (for its plotting
     helper), whose first import writes a font list into the user's cache
     directory. Unless the user chose a directory or matplotlib is already
-    loaded, point it at a private temp dir, removed at exit.
+    loaded, point it at :func:`_private_cache_dir`.
     """
     global _MPL_TMP
     if "matplotlib" in sys.modules or "MPLCONFIGDIR" in os.environ:
         yield
         return
     if _MPL_TMP is None:
-        _MPL_TMP = tempfile.mkdtemp(prefix="vcdl-matplotlib-")
-        atexit.register(shutil.rmtree, _MPL_TMP, ignore_errors=True)
+        _MPL_TMP = _private_cache_dir()
     os.environ["MPLCONFIGDIR"] = _MPL_TMP
     try:
         yield
