@@ -71,7 +71,26 @@ class SignalsOnce(nn.Module):
             pass
         else:
             os.kill(os.getpid(), self.signum)
+            if self.signum == signal.SIGTERM:
+                _await_notice()
         return self.linear(x.reshape(len(x), -1))
+
+
+def _await_notice(timeout: float = 30.0) -> None:
+    """Return once this worker's runtime holds the notice SIGTERM gave it.
+
+    The handler runs in the worker's main thread, this forward pass in a task
+    thread: a shard of a few tiny batches can end before the handler ran, and
+    the attempt would end whole instead of stopping at its next batch.
+    """
+    from vcdl.worker.runtime import current_runtime
+
+    runtime = current_runtime()
+    deadline = time.monotonic() + timeout
+    while runtime is not None and not runtime.notice_received():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no preemption notice {timeout:.0f} s after SIGTERM")
+        time.sleep(0.01)
 
 
 def dies_once(input_shape: tuple[int, ...], num_classes: int, marker: str) -> nn.Module:
