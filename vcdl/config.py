@@ -164,8 +164,11 @@ class TrainSection(Section):
         description="Mini-batch size per worker (the fleet steps on batch_size x workers).",
     )
     optimizer: Literal["sgd", "adam", "adamw"] = Field("adam", description="Local optimizer.")
+    # "worker" by measurement: the only setting within 1 point / 1 % of one
+    # process on the four untuned jobs of benchmarks/defaults.py
+    # (docs/configuration.md, "The defaults on jobs nobody tuned").
     optimizer_state: Literal["fresh", "worker"] = Field(
-        "fresh",
+        "worker",
         description="fresh: every attempt builds its optimizer anew. worker: a worker keeps "
         "its optimizer's state (Adam's moments, SGD's momentum) from its previous attempt of "
         "the run in memory and the next attempt continues from it; a new or restarted worker "
