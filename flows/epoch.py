@@ -54,6 +54,7 @@ from flows.tasks import evaluate_head, train_shard
 from flows.workarounds.shared_runner import run_dask_client
 from flows.workarounds.task_runs import cancel, release, set_task_run_state
 from vcdl.config import RunConfig
+from vcdl.data import open_dataset
 from vcdl.driver.assimilator import MergeOutcome, merge_attempt
 from vcdl.driver.dispatch import dispatch_phases
 from vcdl.driver.epoch_attempts import settle
@@ -98,6 +99,7 @@ from vcdl.driver.epoch_state import EpochState
 from vcdl.driver.fold import merge_attempts
 from vcdl.driver.gc import collect
 from vcdl.driver.head_cache import run_head_cache
+from vcdl.driver.throughput import plan_epoch
 from vcdl.errors import EpochFailed, LeaseLost, StoreError
 from vcdl.merge.rules import rule_of
 from vcdl.metrics.exporter import note_event, note_kill
@@ -161,6 +163,8 @@ class EpochExecutor:
         self.gate = current_gate()
         # To ask the scheduler when a killed attempt's worker died (for its bill).
         self.dask_client = run_dask_client()
+        # Shard -> the worker the throughput plan pinned it to (ensure_subtasks).
+        self.pinned: dict[int, str] = {}
 
     # -- facts the state machine needs ------------------------------------------------
 
@@ -371,6 +375,41 @@ class EpochExecutor:
                     self.gate.passed.set()  # the barrier: the next epoch may act
         return []
 
+    def ensure_subtasks(self) -> None:
+        """Create the epoch's subtasks, with a throughput plan under ``cluster.sizing``.
+
+        An epoch whose subtasks exist (a resumed one) keeps the plan they
+        were created with: its shards' rows never change. Its pins are kept
+        too, whether those workers are still there or not (a gone one's
+        shard runs anywhere).
+        """
+        shards = self.cfg.data.shards
+        rows: list[int] | None = None
+        workers: list[str] | None = None
+        fleet = self._fleet() if self.cfg.cluster.sizing == "throughput" else []
+        if fleet:
+            n = open_dataset(self.ref.store(), self.cfg.data.name).n_train
+            plan = plan_epoch(self.ledger, self.ref.run, self.epoch, n, shards, fleet)
+            if plan is not None:
+                rows, workers = plan
+        subtasks = self.ledger.ensure_subtasks(
+            self.ref.run, self.epoch, shards, rows=rows, workers=workers
+        )
+        self.pinned = {s.shard: s.worker for s in subtasks if s.worker is not None}
+        if any(s.rows is not None for s in subtasks):
+            self.log.info(
+                "epoch %d: shards sized by throughput: %s",
+                self.epoch,
+                ", ".join(f"{s.rows} rows on {s.worker}" for s in subtasks),
+            )
+
+    def _fleet(self) -> list[str]:
+        """The Dask workers' addresses now (none outside a Dask task runner)."""
+        client = self.dask_client
+        if client is None:
+            return []
+        return sorted(client.scheduler_info().get("workers", {}))
+
     def submit(self, key: Key, number: int, base: int | None) -> None:
         """Submit the subtask's shard task (its ``number``-th), from version ``base``
         (None: the head at its claim)."""
@@ -388,7 +427,13 @@ class EpochExecutor:
         # before it starts, one more round trip per attempt that stalled the
         # first attempt of an epoch by seconds (benchmarks/time_to_accuracy.py).
         resources = dict(self.cfg.cluster.task_resources)
-        with dask.annotate(resources=resources) if resources else contextlib.nullcontext():
+        annotations: dict[str, Any] = {"resources": resources} if resources else {}
+        pinned = self.pinned.get(shard)
+        if pinned is not None:
+            # The throughput plan's worker, sized for it; when it is gone
+            # (preempted, left) another worker takes the shard, not nobody.
+            annotations.update(workers=[pinned], allow_other_workers=True)
+        with dask.annotate(**annotations) if annotations else contextlib.nullcontext():
             fut = train_shard.with_options(
                 task_run_name=f"epoch {epoch} · shard {shard} · attempt {number}",
             ).submit(self.ref, self.cfg, epoch, shard, base)
@@ -616,7 +661,7 @@ class EpochExecutor:
             if self.gate.must_wait():
                 self.log.info("set up; waiting for epoch %d's last results", self.epoch - 1)
             self.gate.wait_previous()
-        self.ledger.ensure_subtasks(self.ref.run, self.epoch, self.cfg.data.shards)
+        self.ensure_subtasks()
         # The thread of the previous barrier's evaluation (Evaluate, background).
         with ThreadPoolExecutor(1, thread_name_prefix="vcdl-evaluate") as self.pool:
             self.feed(self._opened())

@@ -84,6 +84,15 @@ class ClusterSection(Section):
         "started with --name i. Empty = none emulated. Every output of a run says so.",
     )
 
+    sizing: Literal["even", "throughput"] = Field(
+        "even",
+        description="How an epoch's rows are cut into its data.shards shards: even (equal "
+        "shards, Dask picks each one's worker) or throughput (shard k pinned to worker "
+        "k % workers and sized by that worker's samples a second measured in the run's "
+        "earlier epochs, so the shards end together; the first epoch is even; a pinned "
+        "worker that is gone leaves its shard to another; each result weighs by its size).",
+    )
+
     @field_validator("speeds")
     @classmethod
     def _speeds(cls, speeds: list[float]) -> list[float]:

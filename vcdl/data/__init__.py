@@ -7,7 +7,8 @@ splits per worker process), :mod:`.importers` (npz, text, Parquet/Arrow),
 :mod:`.parquet_read` (a Parquet file read within the import's memory ceiling:
 footer, page headers, then batch by batch),
 :mod:`.builtin` (digits, MNIST-1D, the Python language reference),
-:mod:`.shards` (shard plans), :mod:`.stream` (a shard read chunk by chunk).
+:mod:`.shards` (shard plans), :mod:`.sizing` (shard sizes by throughput),
+:mod:`.stream` (a shard read chunk by chunk).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ Two plans (``data.plan``):
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
@@ -51,7 +52,13 @@ def block_order(n: int, block: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def shard_plan(
-    n: int, shards: int, seed: int, epoch: int, *, block: int | None = None
+    n: int,
+    shards: int,
+    seed: int,
+    epoch: int,
+    *,
+    block: int | None = None,
+    sizes: Sequence[int] | None = None,
 ) -> list[np.ndarray]:
     """Split a fresh seeded order of ``range(n)`` into ``shards`` parts.
 
@@ -59,7 +66,9 @@ def shard_plan(
     = the split's rows per chunk: the ``blocks`` plan (module docstring).
     Pure and deterministic in its arguments; a different epoch gives a
     different order. Every index appears exactly once; part sizes differ by
-    at most 1 (the first ``n % shards`` parts are larger).
+    at most 1 (the first ``n % shards`` parts are larger), unless ``sizes``
+    (one per shard, each >= 1, summing to ``n``: :mod:`vcdl.data.sizing`)
+    gives them: the same order, cut into parts of those sizes.
     """
     n, shards, seed, epoch = _check(n, shards, seed, epoch)
     # (seed, epoch) as SeedSequence entropy: independent streams per epoch.
@@ -71,15 +80,37 @@ def shard_plan(
         if block < 1:
             raise DataError(f"block must be >= 1 row, got {block}")
         order = block_order(n, block, rng)
-    return list(np.array_split(order, shards))
+    if sizes is None:
+        return list(np.array_split(order, shards))
+    cuts = _check_sizes(n, shards, sizes)
+    return list(np.split(order, cuts))
+
+
+def _check_sizes(n: int, shards: int, sizes: Sequence[int]) -> list[int]:
+    """Where the parts of ``sizes`` start (all but the first), once they are checked."""
+    sizes = [operator.index(s) for s in sizes]
+    if len(sizes) != shards or sum(sizes) != n or min(sizes) < 1:
+        raise DataError(
+            f"shard sizes must be {shards} counts >= 1 summing to n={n}, got {sizes[:8]}"
+            f"{'...' if len(sizes) > 8 else ''} (sum {sum(sizes)})"
+        )
+    return np.cumsum(sizes)[:-1].tolist()
 
 
 def shard_indices(
-    n: int, shards: int, seed: int, epoch: int, shard: int, *, block: int | None = None
+    n: int,
+    shards: int,
+    seed: int,
+    epoch: int,
+    shard: int,
+    *,
+    block: int | None = None,
+    sizes: Sequence[int] | None = None,
 ) -> np.ndarray:
-    """The rows of one shard: ``shard_plan(n, shards, seed, epoch, block=block)[shard]``."""
+    """The rows of one shard: ``shard_plan(n, shards, seed, epoch, ...)[shard]``, the same
+    ``block`` and ``sizes``."""
     shard = operator.index(shard)
-    plan = shard_plan(n, shards, seed, epoch, block=block)
+    plan = shard_plan(n, shards, seed, epoch, block=block, sizes=sizes)
     if not 0 <= shard < len(plan):
         raise DataError(f"shard must be in [0, {len(plan)}), got {shard}")
     return plan[shard]

@@ -6,7 +6,8 @@ attempt budget included), :mod:`.epoch_attempts` (what is read off a
 subtask's attempts: free attempts, settling after the barrier),
 :mod:`.epoch_loop` (the epochs in order, each
 waiting at its gate for the previous barrier), :mod:`.dispatch` (where an
-attempt's time went).
+attempt's time went), :mod:`.throughput` (each worker's measured throughput and
+an epoch's plan sized by it, ``cluster.sizing``).
 Merging: :mod:`.merge_plan` (the decision, pure: staleness, α, paths, attributes),
 :mod:`.assimilator` (one result into the head), :mod:`.streamed`
 (a batch of tensors at a time), :mod:`.stages` (the reader and writer

@@ -44,6 +44,7 @@ from vcdl.data import open_dataset
 from vcdl.driver.head_cache import HeadCache, head_cache
 from vcdl.driver.merge_plan import Candidate, Rejection, plan_merge
 from vcdl.driver.streamed import Decoded, streamed_check, streamed_merge
+from vcdl.driver.throughput import planned_sizes
 from vcdl.errors import (
     AlreadyMerged,
     DataError,
@@ -268,7 +269,7 @@ def open_result(
         return f"result unreadable: {exc}"
     if timings is not None:
         timings["read_result"] = time.perf_counter() - t
-    problem = report_problem(attempt, stored.attrs, shard_samples(ref, cfg))
+    problem = report_problem(attempt, stored.attrs, shard_samples(ref, cfg, attempt))
     if problem is not None:
         return problem
     encoding = stored.attrs.get("encoding", "full")
@@ -330,9 +331,14 @@ def report_problem(attempt: Attempt, attrs: Mapping[str, Any], limit: int | None
 _SHARD_ROWS: dict[tuple[str, str, str, str, int], int] = {}
 
 
-def shard_samples(ref: RunRef, cfg: RunConfig) -> int | None:
+def shard_samples(ref: RunRef, cfg: RunConfig, attempt: Attempt | None = None) -> int | None:
     """The most samples an attempt of this run can train: its largest shard's rows times
-    the local epochs (None if the data set cannot be described)."""
+    the local epochs (None if the data set cannot be described). Under a throughput plan
+    (``cluster.sizing``), ``attempt``'s own shard's planned rows times the local epochs."""
+    if attempt is not None and cfg.cluster.sizing == "throughput":
+        sizes = planned_sizes(ref, cfg, attempt.epoch)
+        if sizes is not None and 0 <= attempt.shard < len(sizes):
+            return sizes[attempt.shard] * cfg.train.local_epochs
     key = (ref.ledger_url, ref.store_url, ref.run, cfg.data.name, cfg.data.shards)
     rows = _SHARD_ROWS.get(key)
     if rows is None:

@@ -33,6 +33,9 @@ class Candidate:
     partial: bool  # handed in early (a preemption notice): counts for its share
     samples: int | None
     planned_samples: int | None
+    size_share: float | None = None
+    """Its shard's rows over the epoch's mean shard's, under a throughput plan
+    (``cluster.sizing``); None: the even plan, every shard weighs alike."""
 
     @classmethod
     def of(cls, attempt: Attempt, result_attrs: Mapping[str, Any]) -> Candidate:
@@ -42,6 +45,7 @@ class Candidate:
         the result's own attributes, never from a version's.
         """
         planned = result_attrs.get("planned_samples")
+        share = result_attrs.get(SIZE_SHARE)
         return cls(
             attempt.id,
             attempt.epoch,
@@ -50,6 +54,7 @@ class Candidate:
             attempt.state == "interrupted",
             attempt.samples,
             planned if isinstance(planned, int) and planned > 0 else None,
+            float(share) if isinstance(share, int | float) and share > 0 else None,
         )
 
     def blend_alpha(self, alpha: float) -> float:
@@ -60,10 +65,33 @@ class Candidate:
         head merged with the raw result at 1 - (1 - alpha) * f; one pass and
         no scaled copy of the result.
         """
-        if not self.partial or self.samples is None:
+        fraction: float | None = None
+        if self.partial and self.samples is not None:
+            planned = self.planned_samples or max(1, self.samples)
+            fraction = min(1.0, self.samples / planned)
+        return blend_of(alpha, fraction, self.size_share)
+
+
+SIZE_SHARE = "size_share"
+"""The result group's attribute: its shard's rows over the epoch's mean shard's."""
+
+
+def blend_of(alpha: float, fraction: float | None, share: float | None) -> float:
+    """The blend α of a result: the head's weight, 1 - the result's.
+
+    The result weighs ``(1 - alpha)`` times the share of its planned samples
+    it trained (``fraction``, a partial result; None: all) times its shard's
+    size relative to the epoch's mean shard (``share``, a throughput plan;
+    None: even shards), at most 1 (the result replaces the head; a weight
+    over 1 would extrapolate past it). With ``share`` None this is the even
+    plan's formula, unchanged to the bit.
+    """
+    if share is None:
+        if fraction is None:
             return alpha
-        planned = self.planned_samples or max(1, self.samples)
-        return 1.0 - (1.0 - alpha) * min(1.0, self.samples / planned)
+        return 1.0 - (1.0 - alpha) * fraction
+    weight = (1.0 - alpha) * (1.0 if fraction is None else fraction) * share
+    return 1.0 - min(1.0, weight)
 
 
 @dataclass(frozen=True)

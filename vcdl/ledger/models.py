@@ -93,6 +93,11 @@ class Subtask(SQLModel, table=True):
     attempts: int = 0
     merged_version: int | None = None
     reason: str | None = None
+    # The throughput plan (cluster.sizing = "throughput", vcdl/data/sizing.py):
+    # the shard's training rows and the worker it is pinned to. NULL: the even
+    # plan (every subtask of a run before 0013, and of an "even" run).
+    rows: int | None = None
+    worker: str | None = None
 
 
 class Attempt(SQLModel, table=True):

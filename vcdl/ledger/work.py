@@ -7,7 +7,7 @@ move its lifecycle does not allow, naming both states.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 from uuid import uuid4
@@ -54,25 +54,48 @@ from vcdl.states import (
 class WorkQueries(LedgerBase):
     """Subtasks and attempts."""
 
-    def ensure_subtasks(self, name: str, epoch: int, shards: int) -> list[Subtask]:
+    def ensure_subtasks(
+        self,
+        name: str,
+        epoch: int,
+        shards: int,
+        *,
+        rows: Sequence[int] | None = None,
+        workers: Sequence[str | None] | None = None,
+    ) -> list[Subtask]:
         """Create the missing subtasks 0..shards-1 of ``epoch``; all of the epoch, by shard.
 
         Idempotent, and safe when several processes call it at once (the insert
         skips rows that exist, by the (run, epoch, shard) unique constraint).
+        ``rows`` and ``workers`` (one per shard) record a throughput plan
+        (``subtask.rows``, ``subtask.worker``); an epoch's existing subtasks
+        keep the plan they were created with, so a resumed epoch trains the
+        rows its first driver planned.
         """
         if epoch < 0 or shards < 1:
             raise LedgerError(f"need epoch >= 0 and shards >= 1, got epoch={epoch} shards={shards}")
+        for given in (rows, workers):
+            if given is not None and len(given) != shards:
+                raise LedgerError(f"a plan needs one entry per shard ({shards}), got {len(given)}")
         dialect_insert = pg_insert if self.backend == "postgresql" else sqlite_insert
 
         def tx(c: Connection) -> list[Subtask]:
             self._check_run(c, name)
-            rows = [
-                {"run": name, "epoch": epoch, "shard": k, "state": "pending", "attempts": 0}
+            rows_ = [
+                {
+                    "run": name,
+                    "epoch": epoch,
+                    "shard": k,
+                    "state": "pending",
+                    "attempts": 0,
+                    "rows": rows[k] if rows is not None else None,
+                    "worker": workers[k] if workers is not None else None,
+                }
                 for k in range(shards)
             ]
             c.execute(
                 dialect_insert(_SUB)
-                .values(rows)
+                .values(rows_)
                 .on_conflict_do_nothing(index_elements=["run", "epoch", "shard"])
             )
             stmt = select(_SUB).where(_SUB.c.run == name, _SUB.c.epoch == epoch)

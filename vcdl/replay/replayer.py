@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from vcdl.driver.merge_plan import blend_of
+from vcdl.driver.throughput import planned_sizes, share_of
 from vcdl.ledger import Attempt
 from vcdl.merge.codec import decode, encode
 from vcdl.merge.rules import MergeRule, merge_rule, rule_of
@@ -51,6 +53,13 @@ class Replayer:
         self.loop_seconds = 0.0
         self.original = 0.0
         self.planned: dict[tuple[int, int], int] = {}
+        self.sizes: dict[int, list[int] | None] = {}  # each epoch's throughput plan
+
+    def size_share(self, epoch: int, shard: int) -> float | None:
+        """The shard's size relative to its epoch's mean shard, from the recorded plan."""
+        if epoch not in self.sizes:
+            self.sizes[epoch] = planned_sizes(self.ref, self.cfg, epoch)
+        return share_of(self.sizes[epoch], shard)
 
     def rule_of(self, step: MergeStep) -> MergeRule:
         """The rule that made ``step``'s version: the run's, or the one its attempt's replay
@@ -117,11 +126,13 @@ class Replayer:
         precision = self.cfg.merge.result_precision
         if precision != "full":
             weights = decode(encode(weights, base, precision), base, precision)
-        blend = step.alpha
         planned = result.planned_samples
+        fraction = None
         if a.samples is not None and planned and a.samples < planned:
             # A partial result counts for its share (vcdl.driver.merge_plan.Candidate).
-            blend = 1.0 - (1.0 - step.alpha) * min(1.0, a.samples / planned)
+            fraction = min(1.0, a.samples / planned)
+        # A throughput plan's shard weighs by its size, as the driver weighed it.
+        blend = blend_of(step.alpha, fraction, self.size_share(a.epoch, a.shard))
         head = self.version(step.number - 1)
         rule = self.rule_of(step)
         applied = rule.apply(

@@ -29,6 +29,7 @@ from typing import Any
 
 from vcdl.driver.assimilator import merge_attempt
 from vcdl.driver.head_cache import head_cache
+from vcdl.driver.merge_plan import SIZE_SHARE
 from vcdl.driver.runs import prepare_run
 from vcdl.ledger import Attempt, Ledger
 from vcdl.ledger.models import FOLDED_CHECKSUM
@@ -152,7 +153,10 @@ def what_if(
         ensure_trained(r, step.training, by_key)
         result = r.done[step.training]
         a = attempts[step.attempt_id]
-        new_ledger.ensure_subtasks(new_name, step.epoch, cfg.data.shards)
+        share = r.size_share(step.epoch, step.shard)
+        # The original's throughput plan (rows per shard) goes with its epoch, so the new
+        # run's shards have the rows they trained and its merges weigh them alike.
+        new_ledger.ensure_subtasks(new_name, step.epoch, cfg.data.shards, rows=r.sizes[step.epoch])
         base = r.mapped[step.base_version]
         attempt = new_ledger.start_attempt(new_name, step.epoch, step.shard, "replay", base)
         t = by_key[step.training]
@@ -186,6 +190,7 @@ def what_if(
                 "base_version": base,
                 "samples": result.samples,
                 "planned_samples": result.planned_samples,
+                **({SIZE_SHARE: share} if share is not None else {}),
                 "replayed_from": a.id,
             },
         )

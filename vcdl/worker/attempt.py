@@ -32,6 +32,8 @@ from torch import nn
 from vcdl.config import RunConfig
 from vcdl.data import open_dataset, read_arrays, shard_indices, stream_rows
 from vcdl.data.stream import ByteCounter, ShardStream
+from vcdl.driver.merge_plan import SIZE_SHARE
+from vcdl.driver.throughput import planned_sizes, share_of
 from vcdl.errors import StoreError
 from vcdl.ledger import Attempt
 from vcdl.merge.codec import encode
@@ -128,6 +130,9 @@ class ShardData:
     """Time it took to read the rows and build the model."""
     counter: ByteCounter = field(default_factory=ByteCounter)
     """Bytes fetched from the store for these rows (a stream's grow as it is read)."""
+    size_share: float | None = None
+    """Under a throughput plan, the shard's rows over the epoch's mean shard's: what
+    its result weighs in the merge (:func:`vcdl.driver.merge_plan.blend_of`)."""
 
 
 def load_shard(ref: RunRef, epoch: int, shard: int, config: RunConfig | None = None) -> ShardData:
@@ -147,7 +152,10 @@ def load_shard(ref: RunRef, epoch: int, shard: int, config: RunConfig | None = N
     objective = objective_for(cfg.train, cfg.data.fields)
     split = info.splits["train"]
     block = split.rows_per_chunk if cfg.data.plan == "blocks" else None
-    rows = shard_indices(info.n_train, cfg.data.shards, cfg.run.seed, epoch, shard, block=block)
+    sizes = planned_sizes(ref, cfg, epoch)
+    rows = shard_indices(
+        info.n_train, cfg.data.shards, cfg.run.seed, epoch, shard, block=block, sizes=sizes
+    )
     fields = objective.fields or None
     budget = cfg.data.cache_mb << 20
     decoded = split.rows * sum(
@@ -168,7 +176,13 @@ def load_shard(ref: RunRef, epoch: int, shard: int, config: RunConfig | None = N
         cfg.model.factory, cfg.model.kwargs, hints=info.factory_hints(cfg.data.fields.get("x", "x"))
     )
     return ShardData(
-        (ref.run, epoch, shard), arrays, model, objective, time.perf_counter() - t, counter
+        (ref.run, epoch, shard),
+        arrays,
+        model,
+        objective,
+        time.perf_counter() - t,
+        counter,
+        share_of(sizes, shard),
     )
 
 
@@ -412,6 +426,7 @@ def run_attempt(
                 "base_version": attempt.base_version,
                 "samples": result.samples,
                 "planned_samples": result.planned_samples,
+                **({SIZE_SHARE: data.size_share} if data.size_share is not None else {}),
             },
         )
         written.add(state_bytes(stored), 0)

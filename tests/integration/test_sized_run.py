@@ -1,0 +1,115 @@
+"""A real run with ``cluster.sizing = "throughput"`` on an uneven LocalCluster (speeds 1, 0.25):
+the first epoch is even, the later ones sized by the throughput the ledger measured and
+pinned to their workers; every sample is trained once per epoch; the audit is clean and
+the run replays bit for bit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vcdl import api
+from vcdl.data import open_dataset, shard_plan
+from vcdl.driver.throughput import throughput_by_worker
+from vcdl.ledger import attempt_timings
+from vcdl.replay.runner import replay_run
+from vcdl.worker.speed import SPEED_KEY
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+VCDL = str(Path(sys.executable).parent / "vcdl")
+
+CONFIG = """
+[run]
+name = "sized"
+epochs = 3
+seed = 3
+[data]
+name = "digits"
+shards = 2
+[model]
+factory = "mlp"
+[train]
+lr = 0.05
+batch_size = 16
+local_epochs = 2
+[cluster]
+workers = 2
+speeds = [1, 0.25]
+sizing = "throughput"
+"""
+
+
+def test_later_epochs_follow_the_measured_throughput(prefect_api_url: str, tmp_path: Path) -> None:
+    config = tmp_path / "sized.toml"
+    config.write_text(CONFIG)
+    home = tmp_path / "home"
+    env = os.environ | {"PREFECT_API_URL": prefect_api_url}
+    out = subprocess.run(
+        [VCDL, "train", str(config), "--home", str(home)],
+        capture_output=True,
+        text=True,
+        timeout=500,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+
+    ref = api.run_ref("sized", home=home)
+    ledger, store, cfg = ref.ledger(), ref.store(), ref.config()
+    n = open_dataset(store, "digits").n_train
+    subtasks = ledger.subtasks("sized")
+    attempts = ledger.attempts("sized")
+    merged = [a for a in attempts if a.state == "merged"]
+    slow = {a.worker for a in merged if SPEED_KEY in attempt_timings(a)}
+    assert len(slow) == 1, "the slow worker trained"
+
+    # Epoch 0 is even (nothing measured yet): no plan recorded.
+    assert all(s.rows is None and s.worker is None for s in subtasks if s.epoch == 0)
+    for epoch in (1, 2):
+        plan = sorted((s for s in subtasks if s.epoch == epoch), key=lambda s: s.shard)
+        sizes = [s.rows for s in plan]
+        assert all(r is not None for r in sizes) and sum(r or 0 for r in sizes) == n
+        # The sizes follow the throughput measured before the epoch, to the row.
+        measured = throughput_by_worker(a for a in attempts if a.epoch < epoch)
+        fast_shard = next(s for s in plan if s.worker not in slow)
+        slow_shard = next(s for s in plan if s.worker in slow)
+        ratio = (fast_shard.rows or 0) / (slow_shard.rows or 1)
+        expected = measured[fast_shard.worker or ""] / measured[slow_shard.worker or ""]
+        assert ratio == pytest.approx(expected, rel=0.02)
+        assert ratio > 1, f"the fast worker's shard is not larger: {sizes}"
+        # Each shard ran on its pinned worker and trained exactly its planned rows.
+        for s in plan:
+            ours = [a for a in merged if a.epoch == epoch and a.shard == s.shard]
+            assert len(ours) == 1, [
+                (a.epoch, a.shard, a.state, a.worker, a.samples, a.reason) for a in attempts
+            ] + [(t.epoch, t.shard, t.state, t.rows, t.worker, t.reason) for t in subtasks]
+            (a,) = ours
+            assert a.worker == s.worker
+            assert a.samples == (s.rows or 0) * cfg.train.local_epochs
+        rows = shard_plan(n, 2, cfg.run.seed, epoch, block=None, sizes=[r or 0 for r in sizes])
+        assert np.array_equal(np.sort(np.concatenate(rows)), np.arange(n))
+
+    # Every sample of every epoch trained once: the merged attempts' samples add up.
+    for epoch in range(3):
+        trained = sum(a.samples or 0 for a in merged if a.epoch == epoch)
+        assert trained == n * cfg.train.local_epochs
+
+    audit = subprocess.run(
+        [VCDL, "audit", "sized", "--home", str(home)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert audit.returncode == 0, audit.stdout[-2000:] + audit.stderr[-2000:]
+
+    # The driver weighed each result by the size its worker wrote beside it; the replay
+    # weighs it by the plan in the ledger: bit for bit only if the two agree.
+    report = replay_run(ref)
+    assert report.divergence is None, report.divergence
+    assert report.bit_for_bit and report.versions == ledger.head("sized").number

@@ -1,0 +1,91 @@
+"""Each worker's measured throughput, and an epoch's throughput plan (``cluster.sizing``).
+
+:func:`throughput_by_worker` (pure) reads a worker's samples a second off the
+attempts it trained: samples over training seconds (emulated waits included:
+they are the worker's pace), summed over its attempts of the run's earlier
+epochs that recorded a result (merged, or waiting to be). :func:`epoch_plan`
+(pure) pins shard k to worker ``k % workers`` (workers by address) and sizes
+every shard by its worker's throughput (:func:`vcdl.data.sizing.shard_sizes`).
+:func:`plan_epoch` is the I/O edge: it reads the attempts from the ledger;
+:func:`planned_sizes` reads an epoch's recorded plan back (a worker cuts its
+rows by it, a replay and a what-if weigh its results by it) and
+:func:`share_of` is a shard's weight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from vcdl.config import RunConfig
+from vcdl.data.sizing import shard_sizes, size_share
+from vcdl.ledger import Attempt, Ledger
+from vcdl.runtime import RunRef
+
+MEASURED_STATES = frozenset({"finished", "interrupted", "merged"})
+"""Attempts whose samples and seconds are a worker's pace: they trained and recorded it
+(a partial result too: its samples are the ones its seconds trained)."""
+
+
+def throughput_by_worker(attempts: Iterable[Attempt]) -> dict[str, float]:
+    """Samples a second of each worker, over its attempts that trained and recorded it.
+
+    A resumed attempt is left out: its samples count the checkpoint's, trained
+    by another worker.
+    """
+    samples: dict[str, int] = {}
+    seconds: dict[str, float] = {}
+    for a in attempts:
+        if a.state not in MEASURED_STATES or a.resumed_from is not None:
+            continue
+        if not a.samples or not a.train_seconds or a.train_seconds <= 0 or a.samples <= 0:
+            continue
+        samples[a.worker] = samples.get(a.worker, 0) + a.samples
+        seconds[a.worker] = seconds.get(a.worker, 0.0) + a.train_seconds
+    return {w: samples[w] / seconds[w] for w in samples}
+
+
+def epoch_plan(
+    n: int, shards: int, workers: Sequence[str], throughput: Mapping[str, float]
+) -> tuple[list[int], list[str]] | None:
+    """Rows per shard and the worker each shard is pinned to; None: the even plan.
+
+    ``workers``: the fleet's addresses now. A worker with no measurement
+    counts at the fleet's median. With none of them measured (the first
+    epoch, or a fleet all new after a resume) there is nothing to size by:
+    None, and the epoch is the even plan exactly, its shards unpinned.
+    """
+    if not workers:
+        raise ValueError("a throughput plan needs at least one worker")
+    fleet = sorted(workers)
+    pinned = [fleet[k % len(fleet)] for k in range(shards)]
+    if not any(w in throughput for w in pinned):
+        return None
+    sizes = shard_sizes(n, [throughput.get(w) for w in pinned])
+    return sizes, pinned
+
+
+def plan_epoch(
+    ledger: Ledger, run: str, epoch: int, n: int, shards: int, workers: Sequence[str]
+) -> tuple[list[int], list[str]] | None:
+    """:func:`epoch_plan` from the throughput the run's attempts before ``epoch`` measured."""
+    earlier = [a for a in ledger.attempts(run, states=MEASURED_STATES) if a.epoch < epoch]
+    return epoch_plan(n, shards, workers, throughput_by_worker(earlier))
+
+
+def planned_sizes(ref: RunRef, cfg: RunConfig, epoch: int) -> list[int] | None:
+    """The rows of each shard of ``epoch`` under a throughput plan, as the ledger records
+    them; None for the even plan (``cluster.sizing = "even"``, or an epoch planned even)."""
+    if cfg.cluster.sizing != "throughput":
+        return None  # no ledger read: an even run reads what it always has
+    subtasks = ref.ledger(fenced=False).subtasks(ref.run, epoch)
+    rows = [s.rows for s in sorted(subtasks, key=lambda s: s.shard)]
+    if not rows or any(r is None for r in rows):
+        return None
+    return [int(r) for r in rows if r is not None]
+
+
+def share_of(sizes: list[int] | None, shard: int) -> float | None:
+    """A shard's :func:`~vcdl.data.sizing.size_share` under ``sizes`` (None: even)."""
+    if sizes is None:
+        return None
+    return size_share(sizes[shard], sum(sizes), len(sizes))
