@@ -29,7 +29,8 @@ synchronous contender's final loss (evaluations are per epoch, so this is
 resolved to an epoch's barrier), the fastest worker's busy fraction (its
 attempts' ledger time over the span from the first attempt to the last
 version) and the mean staleness of the merged results. Medians over seeds.
-Issue 51's speed-aware sizing of attempts is not built: no contender has it.
+``defaults_sized`` is the defaults with ``cluster.sizing = "throughput"``
+(shards sized by each worker's measured throughput, docs/uneven-fleets.md).
 
     python -m benchmarks.hetero                       # H0-H3, 3 seeds
     python -m benchmarks.hetero --levels H0 H3 --seeds 1
@@ -68,6 +69,7 @@ SYNC = "synchronous"
 CONTENDERS: dict[str, list[str]] = {
     SYNC: ["merge.rule=average"],
     "defaults": [],
+    "defaults_sized": ["cluster.sizing=throughput"],
     "delta": ["merge.rule=delta"],
     "diloco": ["merge.rule=diloco"],
     "diloco_async": ["merge.rule=diloco_async"],
