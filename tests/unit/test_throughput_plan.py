@@ -52,10 +52,18 @@ def test_a_plan_pins_shards_round_robin_and_sizes_them_by_throughput() -> None:
     assert sizes == [375, 125, 375, 125]
 
 
+def test_a_worker_with_more_shards_gets_smaller_ones_so_workers_end_together() -> None:
+    plan = epoch_plan(900, 3, ["a", "b"], {"a": 100.0, "b": 100.0})
+    assert plan == ([225, 450, 225], ["a", "b", "a"])
+    # An unmeasured worker counts at the median of the measured ones.
+    plan = epoch_plan(1200, 3, ["a", "b", "c"], {"a": 300.0, "c": 100.0})
+    assert plan == ([600, 400, 200], ["a", "b", "c"])
+
+
 def test_a_plan_with_nothing_measured_is_the_even_one() -> None:
     assert epoch_plan(10, 3, ["x", "y"], {"gone": 5.0}) is None
-    # One measured: the other counts at the median (of one), so the sizes are even.
-    assert epoch_plan(10, 3, ["x", "y"], {"x": 5.0}) == ([4, 3, 3], ["x", "y", "x"])
+    # One measured: the other counts at the median (of one); x's two shards share its pace.
+    assert epoch_plan(10, 3, ["x", "y"], {"x": 5.0}) == ([3, 5, 2], ["x", "y", "x"])
     with pytest.raises(ValueError):
         epoch_plan(10, 3, [], {})
 

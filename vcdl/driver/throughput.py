@@ -5,7 +5,8 @@ attempts it trained: samples over training seconds (emulated waits included:
 they are the worker's pace), summed over its attempts of the run's earlier
 epochs that recorded a result (merged, or waiting to be). :func:`epoch_plan`
 (pure) pins shard k to worker ``k % workers`` (workers by address) and sizes
-every shard by its worker's throughput (:func:`vcdl.data.sizing.shard_sizes`).
+every shard by its worker's throughput over the shards pinned to that worker
+(:func:`vcdl.data.sizing.shard_sizes`), so the workers end together.
 :func:`plan_epoch` is the I/O edge: it reads the attempts from the ledger;
 :func:`planned_sizes` reads an epoch's recorded plan back (a worker cuts its
 rows by it, a replay and a what-if weigh its results by it) and
@@ -14,6 +15,8 @@ rows by it, a replay and a what-if weigh its results by it) and
 
 from __future__ import annotations
 
+import statistics
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from vcdl.config import RunConfig
@@ -50,7 +53,7 @@ def epoch_plan(
     """Rows per shard and the worker each shard is pinned to; None: the even plan.
 
     ``workers``: the fleet's addresses now. A worker with no measurement
-    counts at the fleet's median. With none of them measured (the first
+    counts at the median of the fleet's measured workers. With none of them measured (the first
     epoch, or a fleet all new after a resume) there is nothing to size by:
     None, and the epoch is the even plan exactly, its shards unpinned.
     """
@@ -58,9 +61,14 @@ def epoch_plan(
         raise ValueError("a throughput plan needs at least one worker")
     fleet = sorted(workers)
     pinned = [fleet[k % len(fleet)] for k in range(shards)]
+    measured = [throughput[w] for w in fleet if w in throughput]
     if not any(w in throughput for w in pinned):
         return None
-    sizes = shard_sizes(n, [throughput.get(w) for w in pinned])
+    median = statistics.median(measured)
+    # A worker with several shards trains them one after another: each gets its share
+    # of the worker's pace, so that every worker, not every shard, ends together.
+    count = Counter(pinned)
+    sizes = shard_sizes(n, [throughput.get(w, median) / count[w] for w in pinned])
     return sizes, pinned
 
 
