@@ -30,6 +30,16 @@ a model):
   (``merge.result_precision = "int8_delta"``, decoded against its base, the
   head, in memory as the driver's cache holds it): where a merger is CPU-bound.
 
+* ``limit``, ``limit-2``, ``limit-int8``, ``limit-int8-2``, ``limit-sha256`` --
+  the machine's own limit for the same work, measured in the same run
+  (:mod:`benchmarks.io_limit`: the same chunk files read with plain reads,
+  blended with one torch kernel, written, three threads a pipeline, no
+  fsync; ``-2``: two pipelines over halves of the chunks; ``-int8``: the int8
+  result decoded; ``-sha256``: every chunk read and written hashed too, as
+  the merge verifies and records its tensors). Each merge contender beside
+  its limit is reported as a fraction of it: ``streamed`` of ``limit``,
+  ``sharded`` of ``limit-2``, and the int8 pair of theirs (issue 52).
+
 For ``streamed``, the seconds each stage was busy (read, merge, write; they
 overlap) are printed too. With ``sharded`` beside ``streamed`` (and their
 int8 pair), K = 2's merges per second are reported against K = 1's.
@@ -48,6 +58,8 @@ parameters; peak memory <= baseline + 3x the model's bytes at 100M and 1B.
     python -m benchmarks.big_merge --params 2.5e7 1e8 --modes serial folded --fold 4
     python -m benchmarks.big_merge --params 1e8 --embedding-rows 8192 --modes streamed folded
     python -m benchmarks.big_merge --params 1e8 --modes streamed sharded streamed-int8 sharded-int8
+    python -m benchmarks.big_merge --params 1e8 --modes streamed sharded streamed-int8 \
+        sharded-int8 limit limit-2 limit-int8 limit-int8-2 limit-sha256     # issue 52
 """
 
 from __future__ import annotations
@@ -66,10 +78,20 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import REPO, add_common_options, emit_summary, human_output, median
+from benchmarks.io_limit_modes import LIMIT_OF, LIMITS, limit_args
 
 SIDE = 4096
-MODES = ("streamed", "whole", "serial", "folded", "sharded", "streamed-int8", "sharded-int8")
-QUICK = ("streamed", "whole", "serial", "folded", "sharded")
+MODES = (
+    "streamed",
+    "whole",
+    "serial",
+    "folded",
+    "sharded",
+    "streamed-int8",
+    "sharded-int8",
+    *LIMITS,
+)
+QUICK = ("streamed", "whole", "serial", "folded", "sharded", "limit", "limit-2")
 SHARDED = {"sharded": "streamed", "sharded-int8": "streamed-int8"}
 """Each K = 2 contender and its K = 1 twin."""
 FOLDING = ("serial", "folded")
@@ -149,6 +171,9 @@ def child(store_dir: str, mode: str, out: str, batch_mb: str, fold: str = "1") -
     from vcdl.store.streaming import specs_of
 
     torch.set_num_threads(1)
+    if mode in LIMITS:
+        _limit_child(store_dir, mode, out)
+        return
     store = WeightStore(store_dir)
     rule = merge_rule(MergeSection(rule="vc_asgd"))
     baseline = _current_bytes()
@@ -209,6 +234,28 @@ def child(store_dir: str, mode: str, out: str, batch_mb: str, fold: str = "1") -
     Path(out).write_text(
         json.dumps(
             {"seconds": seconds, "cpu": cpu, "baseline": baseline, "peak": peak, "stages": stages}
+        )
+    )
+
+
+def _limit_child(store_dir: str, mode: str, out: str) -> None:
+    """The machine's own limit (:mod:`benchmarks.io_limit`) in this fresh process."""
+    from benchmarks.io_limit import run_limit
+
+    baseline = _current_bytes()
+    _reset_peak()
+    cpu0 = _cpu_seconds()
+    got = run_limit(store_dir, out_name="version-limit", **limit_args(mode))
+    cpu = _cpu_seconds() - cpu0
+    Path(out).write_text(
+        json.dumps(
+            {
+                "seconds": got["seconds"],
+                "cpu": cpu,
+                "baseline": baseline,
+                "peak": _peak_bytes(),
+                "stages": got["stages"],
+            }
         )
     )
 
@@ -288,7 +335,7 @@ def bench(
     with tempfile.TemporaryDirectory(prefix="vcdl-big-merge-") as tmp:
         store_dir = os.path.join(tmp, "store")
         t = time.perf_counter()
-        int8 = any(m.endswith("-int8") for m in modes)
+        int8 = any("-int8" in m for m in modes)
         nbytes = write_states(store_dir, layers, side, embedding, int8)
         print(
             f"[{params:.0e}] wrote head and result: {nbytes / 1e9:.2f} GB each in "
@@ -351,12 +398,12 @@ def report(results: list[dict[str, Any]]) -> list[str]:
     """Print the table and the verdicts; return the verdicts (adds ``folded_saves``)."""
     print()
     head = ("params", "contender", "s", "GB/s", "peak - baseline", "x model")
-    print("{:>8} {:10} {:>7} {:>6} {:>16} {:>8}".format(*head))
+    print("{:>8} {:13} {:>7} {:>6} {:>16} {:>8}".format(*head))
     verdicts = []
     for r in results:
         for mode, row in r["rows"].items():
             print(
-                f"{r['params'] / 1e6:7.0f}M {mode:10} {row['seconds']:7.2f} {row['gb_per_s']:6.2f} "
+                f"{r['params'] / 1e6:7.0f}M {mode:13} {row['seconds']:7.2f} {row['gb_per_s']:6.2f} "
                 f"{row['peak_above_baseline_gb']:13.2f} GB {row['peak_over_model']:8.2f}"
             )
         s = r["rows"].get("streamed")
@@ -382,7 +429,17 @@ def report(results: list[dict[str, Any]]) -> list[str]:
                 f"version write: {folded['seconds']:.2f} s a result against "
                 f"{serial['seconds']:.2f} s ({saved:.0%} less)"
             )
-        for k2, k1 in SHARDED.items():
+        for mode, lim in LIMIT_OF.items():
+            merge, limit = r["rows"].get(mode), r["rows"].get(lim)
+            if merge is not None and limit is not None:
+                share = limit["seconds"] / merge["seconds"]
+                r.setdefault("of_limit", {})[mode] = round(share, 3)
+                verdicts.append(
+                    f"{r['params'] / 1e6:.0f}M {mode}: {merge['gb_per_s']:.2f} GB/s, "
+                    f"{share:.0%} of the machine's {limit['gb_per_s']:.2f} ({lim}) >= 80 %: "
+                    + ("met" if share >= 0.8 else "MISSED")
+                )
+        for k2, k1 in (*SHARDED.items(), ("limit-2", "limit"), ("limit-int8-2", "limit-int8")):
             two, one = r["rows"].get(k2), r["rows"].get(k1)
             if two is not None and one is not None:
                 ratio = one["seconds"] / two["seconds"]
@@ -421,7 +478,8 @@ def main() -> None:
     add_common_options(
         p,
         quick_help="CI: 17M parameters in 1024 x 1024 layers, 4-MB batches, 1 repeat, every "
-        "full-precision contender (serial and folded with 2 results)",
+        "full-precision contender (serial and folded with 2 results) and the limits "
+        "limit and limit-2",
         repeats_default=3,
     )
     p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)

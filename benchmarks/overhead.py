@@ -85,6 +85,7 @@ KILL_CHECKPOINT_SECONDS = 1.0
 # What each breakdown row sums, from the phases in ``attempt.timings``.
 GROUPS: dict[str, tuple[str, ...]] = {
     "prefect": ("prefect",),
+    "driver queue": ("driver_queue",),
     "scheduling": ("scheduling",),
     "weight read": ("read",),
     "data read": ("data", "prefetch"),

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 import queue
 import time
@@ -145,6 +146,9 @@ class EpochExecutor:
         self.futures: dict[tuple[Key, int], PrefectFuture[dict[str, Any]]] = {}
         self.done: queue.SimpleQueue[PrefectFuture[dict[str, Any]]] = queue.SimpleQueue()
         self.submitted_at: dict[Key, float] = {}
+        # When the driver's client learned a subtask's task was done (its
+        # done-callback): from then until the loop takes it is the driver's wait.
+        self.arrived_at: dict[Key, float] = {}
         # When each worker last finished a task body: a task submitted while
         # its worker was busy waited in a queue, which is not dispatch overhead.
         self.worker_free_at: dict[str, float] = {}
@@ -264,6 +268,7 @@ class EpochExecutor:
         """
         clock = out.get("clock") or {}
         sent, received = self.submitted_at.get(key), time.time()
+        arrived = self.arrived_at.pop(key, None)
         started, ended = clock.get("body_started"), clock.get("body_ended")
         if sent is None or started is None or ended is None:
             return {}
@@ -271,7 +276,7 @@ class EpochExecutor:
         # The attempt could not train before its worker finished the previous one.
         ready = max(sent, self.worker_free_at.get(worker, sent))
         self.worker_free_at[worker] = max(ended, self.worker_free_at.get(worker, ended))
-        return dispatch_phases(sent, ready, received, clock)
+        return dispatch_phases(sent, ready, received, clock, arrived)
 
     def _late(self) -> list[DeadlinePassed]:
         """Subtasks in flight whose running attempts passed their deadline."""
@@ -442,7 +447,12 @@ class EpochExecutor:
         # One completion callback per future, for the epoch's life: a fresh
         # as_completed() per wait registered one more on every pending future
         # (quadratic in shards) and its closures kept finished futures alive.
-        fut.add_done_callback(self.done.put)
+        fut.add_done_callback(functools.partial(self._arrived, key))
+
+    def _arrived(self, key: Key, fut: PrefectFuture[dict[str, Any]]) -> None:
+        """A shard task's done-callback (the client's thread): note when, hand it over."""
+        self.arrived_at[key] = time.time()
+        self.done.put(fut)
 
     def _forget(self, key: Key, number: int, kind: str, message: str) -> None:
         """Stop following the subtask's ``number``-th task; say so in its Prefect run."""

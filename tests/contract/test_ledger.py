@@ -235,6 +235,18 @@ def test_filtered_queries_match_filtering_every_row(ledger: Ledger) -> None:
         ledger.count_subtasks("nope", terminal)
     with pytest.raises(RunNotFound):
         ledger.attempts("nope", states=("running",))
+    # A worker's claim reads its own subtask's rows (shard=), not the epoch's.
+    for epoch in (0, 1, 7):
+        for shard in range(4):
+            assert ledger.subtasks("f", epoch, shard=shard) == [
+                s for s in subs if (s.epoch, s.shard) == (epoch, shard)
+            ]
+            assert ledger.attempts("f", epoch, shard=shard) == [
+                a for a in every if (a.epoch, a.shard) == (epoch, shard)
+            ]
+    assert [a.id for a in ledger.attempts("f", 0, shard=1)] == [done.id]
+    with pytest.raises(RunNotFound):
+        ledger.subtasks("nope", 0, shard=0)
 
 
 def _merged_in_order(ledger: Ledger, name: str, epochs: list[int]) -> None:

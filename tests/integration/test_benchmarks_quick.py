@@ -2,7 +2,8 @@
 
 ``overhead`` and ``time_to_accuracy`` have tests of their own; these run
 ``weights_io``, ``ledger``, ``allocator``, ``task_engine``, ``rules``,
-``hetero``, ``defaults``, ``fleet``, ``big_merge``, ``scale`` (with ``scale_data``) and ``soak`` as
+``hetero``, ``defaults``, ``fleet``, ``big_merge``, ``claim_reads``,
+``scale`` (with ``scale_data``) and ``soak`` as
 ``python -m benchmarks.NAME --quick`` in a subprocess and check the one-line
 JSON summary each ends with (with its run's environment, benchmarks/harness.py).
 Timings are not asserted (a shared CI machine), only what a run must
@@ -185,6 +186,16 @@ def test_big_merge_quick() -> None:
         want = r["rows"][lim]["seconds"] / r["rows"][mode]["seconds"]
         assert of[mode] == pytest.approx(want, abs=0.002)
     assert sum("of the machine's" in v for v in res["verdicts"]) == 2
+
+
+def test_claim_reads_quick() -> None:
+    res = _run("claim_reads")
+    assert res["benchmark"] == "claim_reads"
+    assert [r["shards"] for r in res["results"]] == [8, 64]
+    for r in res["results"]:
+        ms = r["cpu_ms_per_claim"]
+        assert set(ms) == {"epoch's rows (before)", "own rows (after)"}
+        assert all(v > 0 for v in ms.values()) and r["ratio"] > 0
 
 
 def test_scale_quick(prefect_api_url: str) -> None:

@@ -20,6 +20,8 @@ WORKER_PHASES = ("claim", "read", "train", "write")
 DRIVER_PHASES = (
     "scheduling",
     "prefect",
+    # A result back but not yet taken by the driver (flows/epoch.py notes when).
+    "driver_queue",
     "prefetch",
     "assimilator_merge",
     "assimilator_write_version",

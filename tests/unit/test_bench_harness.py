@@ -21,7 +21,8 @@ from benchmarks import harness
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPO / "benchmarks"
 #: Modules of benchmarks/ that are no benchmark: the harness, helpers, and
-#: ddp_train.py (a contender's trainer that torch.distributed.run starts).
+#: ddp_train.py (a contender's trainer that torch.distributed.run starts),
+#: io_limit*.py (big_merge.py's contenders for the machine's own limit).
 NOT_BENCHMARKS = {
     "__init__",
     "harness",
@@ -30,6 +31,8 @@ NOT_BENCHMARKS = {
     "tta_common",
     "tta_contenders",
     "ddp_train",
+    "io_limit",
+    "io_limit_modes",
 }
 
 

@@ -109,15 +109,20 @@ class WorkQueries(LedgerBase):
         epoch: int | None = None,
         *,
         exclude_states: Collection[str] = (),
+        shard: int | None = None,
     ) -> list[Subtask]:
         """The run's subtasks (of one epoch if given), by epoch and shard.
 
         ``exclude_states`` leaves out subtasks in those states, in the query:
         the open subtasks of a long run without loading every finished one.
+        ``shard`` keeps that shard's, in the query too: a worker's claim reads
+        its own row, not the epoch's (256 rows an attempt at 128 slots).
         """
         stmt = select(_SUB).where(_SUB.c.run == name)
         if epoch is not None:
             stmt = stmt.where(_SUB.c.epoch == epoch)
+        if shard is not None:
+            stmt = stmt.where(_SUB.c.shard == shard)
         if exclude_states:
             stmt = stmt.where(_SUB.c.state.not_in(sorted(exclude_states)))
         stmt = stmt.order_by(_SUB.c.epoch, _SUB.c.shard)
@@ -451,16 +456,20 @@ class WorkQueries(LedgerBase):
         *,
         states: Collection[str] | None = None,
         checkpointed: bool = False,
+        shard: int | None = None,
     ) -> list[Attempt]:
         """The run's attempts (of one epoch if given), by epoch, shard and number.
 
         ``states`` keeps those in these states; ``checkpointed`` those whose
-        checkpoint is recorded. Both filter in the query: the driver asks at
-        every epoch barrier, and a long run has tens of thousands of attempts.
+        checkpoint is recorded; ``shard`` that shard's. All filter in the query:
+        the driver asks at every epoch barrier, and a long run has tens of
+        thousands of attempts; a worker's claim asks for its subtask's alone.
         """
         stmt = select(_ATT).where(_ATT.c.run == name)
         if epoch is not None:
             stmt = stmt.where(_ATT.c.epoch == epoch)
+        if shard is not None:
+            stmt = stmt.where(_ATT.c.shard == shard)
         if states is not None:
             stmt = stmt.where(_ATT.c.state.in_(sorted(states)))
         if checkpointed:
