@@ -11,12 +11,22 @@ it, as on TCP). A ``stall`` cut holds every chunk and every new connection
 until it ends; a ``reset`` cut resets the link's connections and resets each
 new one at once. The event loop runs in a thread of the process that owns
 the fleet, so it dies with it.
+
+Each of its sockets probes a silent peer as Dask's comms do (TCP keepalive,
+30 s in all by default): with the proxy in the middle, the probes of a
+process in the root namespace are answered by the proxy's kernel, so they
+never find a peer gone silent (a host whose veth is down, a host that
+vanished meanwhile). The proxy's own probe, on its socket toward the host,
+does; when it gives up, the proxy resets the other side at once, as that
+side's own probe would have given up about then (a reset sent by a peer,
+in contrast, crosses the link: a cut holds it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import socket
 import struct
 import threading
@@ -35,6 +45,10 @@ CHUNK = 64 * 1024
 # Chunks one direction may hold before it stops reading: about a TCP window,
 # so a bulk transfer is held back by the link, not buffered here without end.
 QUEUED_CHUNKS = 64
+# Dask's TCP keepalive for its default 30-s comm timeout (distributed's
+# comm/tcp.py, set_tcp_timeout): first probe after 10 s idle, then every
+# 2 s, 10 unanswered ones end the connection.
+KEEPALIVE = {"TCP_KEEPIDLE": 10, "TCP_KEEPINTVL": 2, "TCP_KEEPCNT": 10}
 
 T = TypeVar("T")
 
@@ -63,6 +77,16 @@ class _Conn:
     def reset(self) -> None:
         for transport in self.transports:
             _reset(transport)
+
+
+def _keepalive(transport: asyncio.BaseTransport) -> None:
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in KEEPALIVE.items():
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 def _reset(transport: asyncio.Transport) -> None:
@@ -176,6 +200,7 @@ class LinkProxy:
         peer = str(writer.get_extra_info("peername")[0])
         links = self._links_of(route, peer)
         conn = _Conn(links, [writer.transport])  # type: ignore[list-item]
+        _keepalive(writer.transport)
         route.connections.add(conn)
         try:
             if any(link.resets() for link in links):
@@ -190,6 +215,7 @@ class LinkProxy:
                 conn.reset()  # the service is down: the client sees what it would
                 return
             conn.transports.append(up_writer.transport)  # type: ignore[arg-type]
+            _keepalive(up_writer.transport)
             if any(link.resets() for link in links):
                 conn.reset()
                 return
@@ -238,14 +264,17 @@ async def _pump(
                 due = max(time.monotonic() + sum(_one_way(link) for link in links), last)
                 last = due
                 await queue.put((due, chunk))
-        except (ConnectionError, OSError):
-            pass
+        except OSError as exc:  # ConnectionError too
+            if exc.errno == errno.ETIMEDOUT:  # our keepalive gave up: so would the other side's
+                _reset(writer.transport)  # type: ignore[arg-type]
         await queue.put((last, b""))
 
     async def write() -> None:
         try:
             while True:
                 due, chunk = await queue.get()
+                if writer.transport.is_closing():  # reset by the other direction
+                    return
                 wait = due - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.netfleet import LinkProfile, netns, session
+from benchmarks.netfleet import LinkProfile, netns, proxy, session
 from tests.netfleetfixture import CLIENT, REPO, TcpServers, make_fleet, run_on, start_on
 from tests.netfleetfixture import tcp_servers as tcp_servers  # the fixture
 
@@ -193,6 +193,37 @@ def test_down_cut_drops_every_packet_then_tcp_recovers(
     # TCP retransmits on its own schedule (200 ms, doubling): back some time after.
     assert CUT_S - 0.35 <= held < CUT_S + 3.0, held
     print(f"down: one echo held {held:.2f}s by TCP's retransmissions")
+
+
+def test_a_down_cut_past_the_keepalive_resets_the_far_side(
+    tmp_path: Path, tcp_servers: TcpServers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Dask's keepalive gives up on a silent peer after 30 s; scaled down here to
+    # 2 + 3 x 1 s. An idle connection: no byte sent, only the probes find the cut.
+    monkeypatch.setattr(
+        proxy, "KEEPALIVE", {"TCP_KEEPIDLE": 2, "TCP_KEEPINTVL": 1, "TCP_KEEPCNT": 3}
+    )
+    code = (
+        "import socket,sys,time; s=socket.create_connection((sys.argv[1],int(sys.argv[2])));"
+        "s.sendall(b'x'); s.recv(1); print('open',flush=True); time.sleep(60)"
+    )
+    with make_fleet(["a"], tmp_path) as fleet:
+        assert fleet.proxy is not None
+        gw, port = fleet.expose("echo", ("127.0.0.1", tcp_servers.port(tcp_servers.echo)))
+        _, log = start_on(fleet, "a", code, gw, str(port))
+        deadline = time.monotonic() + 30
+        while "open" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        route = fleet.proxy.routes["echo"]
+        assert len(route.connections) == 1
+        cut_at = time.monotonic()
+        fleet.cut("a", 12, "down")
+        while route.connections and time.monotonic() < cut_at + 11:
+            time.sleep(0.1)
+        gone = time.monotonic() - cut_at
+    # Reset during the cut, about when the host's own probes would give up: not held to its end.
+    assert not route.connections and gone < 11, gone
+    print(f"down: the idle connection reset {gone:.1f}s into a 12-s cut (keepalive 5 s)")
 
 
 def test_a_vanished_host_has_no_process_left(tmp_path: Path) -> None:
