@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -42,6 +43,7 @@ from vcdl.usercode import (
     local_modules,
     split_path,
 )
+from vcdl.worker.basecache import OVERLAP_ENV
 from vcdl.worker.speed import speeds_label
 
 log = logging.getLogger(__name__)
@@ -61,12 +63,18 @@ def prefect_api_url() -> str | None:
 
 
 def worker_env(cfg: RunConfig) -> dict[str, str]:
-    """Environment for LocalCluster workers: the Prefect API and thread counts."""
+    """Environment for LocalCluster workers: the Prefect API, thread counts, and the
+    driver's ``VCDL_NETWORK_OVERLAP`` (:mod:`vcdl.worker.basecache`)."""
     threads = str(cfg.train.threads)
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads}
     url = prefect_api_url()
     if url:
         env["PREFECT_API_URL"] = url
+    # Given, not inherited: forked workers inherit the environment of the process's
+    # first cluster (the forkserver's), not the driver's of this run.
+    overlap = os.environ.get(OVERLAP_ENV)
+    if overlap is not None:
+        env[OVERLAP_ENV] = overlap
     return env
 
 

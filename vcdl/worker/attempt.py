@@ -45,6 +45,7 @@ from vcdl.states import RESUMABLE_ATTEMPT_STATES, TERMINAL_SUBTASK_STATES
 from vcdl.store import WeightStore
 from vcdl.store.paths import checkpoint_path, result_path
 from vcdl.types import StateDict
+from vcdl.worker.basecache import BaseRead, overlap_enabled
 from vcdl.worker.checkpoints import FAILURES_KEY, CheckpointWriter
 from vcdl.worker.loop import train_attempt
 from vcdl.worker.replay_inputs import replay_inputs
@@ -69,7 +70,8 @@ class AttemptOutcome:
     train_seconds: float = 0.0
     worker: str = ""
     timings: dict[str, float] = field(default_factory=dict)
-    """Seconds per phase: claim, read, data (or data_ahead: read ahead), train, write, record."""
+    """Seconds per phase: claim, read, data (or data_ahead: read ahead), train, write, record;
+    net_wait: of read and write, the seconds it waited on the store holding its slot."""
     data_bytes: int = 0
     """Bytes of training data this attempt fetched from the store."""
     written_bytes: int = 0
@@ -236,6 +238,43 @@ def _close_writer(writer: CheckpointWriter, timings: dict[str, float]) -> None:
         timings["checkpoint_wait"] = waited
 
 
+NET_WAIT_KEY = "net_wait"
+"""The key of an attempt's ``timings`` for the seconds it waited on the store, holding its
+training slot, for its base and its result: part of ``read`` and ``write``, not a phase
+beside them (a result written after the slot was handed on is no wait of the worker's)."""
+
+
+def start_base_read(
+    ref: RunRef,
+    runtime: WorkerRuntime,
+    version: int,
+    pinned: bool,
+    overlap: bool,
+    owner: tuple[str, int, int] | None = None,
+) -> tuple[BaseRead, bool]:
+    """The read of ``ref``'s version ``version`` as the base of attempt ``owner`` (run,
+    epoch, shard), checked against the ledger's checksum: in the background (kept when
+    ``pinned``), or, without ``overlap``, done here and now as it always was; and whether
+    this call started it (not kept)."""
+    row = ref.ledger(fenced=False).get_version(ref.run, version)
+    store = ref.store()
+
+    def read() -> StateDict:
+        # Against the ledger's checksum, not only the group's own.
+        return store.read_state(row.uri, expect=row.checksum)
+
+    key = (ref.run, version, row.uri, row.checksum)
+    if overlap:
+        return runtime.bases.start(key, read, pinned, owner)
+    done = BaseRead(key, owner)
+    t = time.perf_counter()
+    try:
+        done.future.set_result(read())
+    finally:
+        done.read_seconds = time.perf_counter() - t
+    return done, True
+
+
 def run_attempt(
     ref: RunRef,
     epoch: int,
@@ -245,6 +284,7 @@ def run_attempt(
     config: RunConfig | None = None,
     data: ShardData | None = None,
     runtime: WorkerRuntime | None = None,
+    trained: Callable[[], None] | None = None,
 ) -> AttemptOutcome:
     """Claim, train and record one attempt of subtask (run, epoch, shard).
 
@@ -256,6 +296,13 @@ def run_attempt(
     (:mod:`vcdl.worker.runtime`); without it, the Dask worker's this thread
     runs on, else a fresh one: outside a worker, an attempt carries nothing
     over from another unless both are handed the same runtime.
+
+    The base is read in the background while the model is built and the rows
+    read, and a pinned base (``base_version`` given) is kept for the worker's
+    next shard of the epoch (:mod:`vcdl.worker.basecache`; ``VCDL_NETWORK_OVERLAP=0``:
+    read here, in turn). ``trained`` is called once training has ended and
+    before the result is written (the caller hands the training slot on);
+    the result is still durable in the store before the attempt is recorded.
     """
     if runtime is None:
         runtime = current_runtime() or WorkerRuntime()
@@ -298,6 +345,7 @@ def run_attempt(
     timings["claim"] = time.perf_counter() - t0 - awaited - resumed
     if awaited:
         timings["await_merge"] = awaited
+    overlap = overlap_enabled()
     own_checkpoint = False
     written = ByteCounter()  # result and checkpoints, from the writer's thread too
     writer: CheckpointWriter | None = None
@@ -313,18 +361,15 @@ def run_attempt(
             timings["read"] = resumed + time.perf_counter() - t
         else:
             start_samples = 0
-            base_row = ledger.get_version(ref.run, attempt.base_version)
-            # Against the ledger's checksum, not only the group's own.
-            base = store.read_state(base_row.uri, expect=base_row.checksum)
-            version_state = base  # what a reduced-precision result is encoded against
-            rule = rule_of(cfg)
-            if rule.worker_variable:
-                # EASGD: this worker's own variable, pulled towards the head it read.
-                alpha = rule.alpha(epoch, cfg.run.epochs, 0, 0) or 0.0
-                variable = runtime.own_result.pop(ref.run, None)
-                if variable is not None:
-                    variable_from, variable_alpha = variable[0], alpha
-                base = rule.start(base, variable[1] if variable else None, alpha)
+            # Under way while the model is built and the rows read (below).
+            reading, fresh = start_base_read(
+                ref,
+                runtime,
+                attempt.base_version,
+                base_version is not None,
+                overlap,
+                (ref.run, epoch, shard),
+            )
             timings["read"] = time.perf_counter() - t
 
         def save(state: StateDict, samples: int, seconds: float) -> None:
@@ -354,6 +399,27 @@ def run_attempt(
             timings["data"] = data.seconds
         else:
             timings["data_ahead"] = data.seconds  # read before the training slot
+
+        if resume is None:
+            t = time.perf_counter()
+            base, waited = reading.wait()
+            net_wait = waited if overlap else reading.read_seconds
+            if overlap and (fresh or reading.owner == (ref.run, epoch, shard)):
+                # Read in the background (from the claim, or ahead of it for this
+                # attempt): what it took, beside what the attempt waited.
+                timings["base_read"] = reading.read_seconds
+            version_state = base  # what a reduced-precision result is encoded against
+            rule = rule_of(cfg)
+            if rule.worker_variable:
+                # EASGD: this worker's own variable, pulled towards the head it read.
+                alpha = rule.alpha(epoch, cfg.run.epochs, 0, 0) or 0.0
+                variable = runtime.own_result.pop(ref.run, None)
+                if variable is not None:
+                    variable_from, variable_alpha = variable[0], alpha
+                base = rule.start(base, variable[1] if variable else None, alpha)
+            timings["read"] += time.perf_counter() - t
+        else:
+            net_wait = 0.0
 
         # Set deliberately: Nanny-started workers default to 1 thread, and
         # set_num_threads is process-wide, so the config decides, not history.
@@ -404,8 +470,12 @@ def run_attempt(
             runtime.optimizer[ref.run] = {**result.optimizer_state, CARRIED_FROM: attempt.id}
         if rule_of(cfg).worker_variable:
             runtime.own_result[ref.run] = (attempt.id, result.state)
+        handed_on = trained is not None and overlap
+        if trained is not None and overlap:
+            trained()  # the next attempt may train while this result is written
 
         t = time.perf_counter()
+        write_wait = 0.0
         path = result_path(ref.run, epoch, shard, attempt.id)
         precision = cfg.merge.result_precision
         stored = result.state
@@ -413,9 +483,12 @@ def run_attempt(
             # The change from the base *version* (the driver has it), not from
             # where training started (a checkpoint, EASGD's own variable).
             if version_state is None:
+                t_read = time.perf_counter()
                 row = ledger.get_version(ref.run, attempt.base_version)
                 version_state = store.read_state(row.uri, expect=row.checksum)
+                write_wait += time.perf_counter() - t_read
             stored = encode(result.state, version_state, precision)
+        t_store = time.perf_counter()
         store.write_state(
             path,
             stored,
@@ -431,6 +504,9 @@ def run_attempt(
                 **({SIZE_SHARE: data.size_share} if data.size_share is not None else {}),
             },
         )
+        write_wait += time.perf_counter() - t_store
+        # A write after the slot was handed on idles no training: not a wait of the worker's.
+        timings[NET_WAIT_KEY] = net_wait + (0.0 if handed_on else write_wait)
         written.add(state_bytes(stored), 0)
         timings["write"] = time.perf_counter() - t
         # A checkpoint still being written (it overlapped the result's write)

@@ -5,10 +5,13 @@ subtask's rows and model are read while the worker's other attempt still
 trains, the attempt then waits for one of the worker's training slots
 (:mod:`vcdl.worker.slots`) and for room in its memory
 (:mod:`vcdl.worker.admission`), and trains, unless the worker has a
-preemption notice. An evaluation goes through the same gate
-(:func:`evaluation_admitted`). The estimates use the model's bytes as an
-attempt of the run last read them here, kept in the worker's runtime
-(:mod:`vcdl.worker.runtime`).
+preemption notice. A pinned base (the task names its version) is read in
+the background from the start, beside the rows, and the attempt hands its
+slot on when its training ends and writes its result meanwhile
+(:mod:`vcdl.worker.basecache`): no next attempt waits for that result. An
+evaluation goes through the same gate (:func:`evaluation_admitted`). The
+estimates use the model's bytes as an attempt of the run last read them
+here, kept in the worker's runtime (:mod:`vcdl.worker.runtime`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,15 @@ from typing import Any
 from vcdl.config import RunConfig
 from vcdl.runtime import RunRef
 from vcdl.worker.admission import admitted, attempt_bytes, evaluation_bytes
-from vcdl.worker.attempt import ShardData, load_shard, run_attempt, state_bytes, worker_name
+from vcdl.worker.attempt import (
+    ShardData,
+    load_shard,
+    run_attempt,
+    start_base_read,
+    state_bytes,
+    worker_name,
+)
+from vcdl.worker.basecache import overlap_enabled
 from vcdl.worker.preemption import preempted_result
 from vcdl.worker.runtime import WorkerRuntime
 
@@ -40,6 +51,23 @@ def prefetch_shard(ref: RunRef, epoch: int, shard: int, config: RunConfig) -> Sh
     except Exception as exc:  # the attempt reads again, and records why it fails
         log.debug("prefetch of %s/%s failed: %s", epoch, shard, exc)
         return None
+
+
+def prefetch_base(
+    ref: RunRef, runtime: WorkerRuntime, version: int | None, epoch: int, shard: int
+) -> None:
+    """Start reading a pinned base version in the background, kept for the attempt.
+
+    Best effort, like :func:`prefetch_shard`: a failed read is not kept, and
+    the attempt reads again and records why it fails. Nothing for a head read
+    at claim time (``version`` None), or with overlaps off.
+    """
+    if version is None or not overlap_enabled():
+        return
+    try:
+        start_base_read(ref, runtime, version, True, True, (ref.run, epoch, shard))
+    except Exception as exc:  # the ledger's row: the attempt asks again
+        log.debug("prefetch of base version %s failed: %s", version, exc)
 
 
 def attempt_need(
@@ -90,10 +118,11 @@ def train_admitted(
     # claim the freshest head.
     # Before the read-ahead: a new gate reads the process's baseline memory.
     gate = runtime.gate(config.cluster.memory_admission)
+    prefetch_base(ref, runtime, base_version, epoch, shard)  # under way while rows are read
     ahead = [prefetch_shard(ref, epoch, shard, config)]
     prefetched = time.time()
     need = attempt_need(runtime, ref.run, ahead[0], config)
-    with runtime.slots.hold(slots):
+    with runtime.slots.hold(slots) as release:
         slot_acquired = time.time()
         # An attempt that must wait for memory drops the model it read ahead
         # meanwhile (ahead.clear): waiting attempts hold nothing big.
@@ -115,6 +144,8 @@ def train_admitted(
                 config,
                 data,
                 runtime=runtime,
+                # A pinned base: the next attempt waits for no merge of this result.
+                trained=release if base_version is not None else None,
             ).to_dict()
             del data  # the model goes before the gate lets the next attempt in
     # Wall-clock marks (one machine's clock, or NTP-synced ones).

@@ -3,7 +3,8 @@
 What one attempt leaves for the next in the same process lives here, and
 nowhere else: the optimizer state and the own result it carries per run, the
 result whose merge the next attempt awaits, the memory gates, the training
-slots, the preemption notice, and the model's bytes as last read.
+slots, the preemption notice, the model's bytes as last read, and the base
+weights read in the background or kept (:mod:`vcdl.worker.basecache`).
 
 * :class:`VcdlWorkerPlugin` — a Dask worker plugin: its ``setup`` creates the
   worker's runtime and installs its SIGTERM handler, its ``teardown`` closes
@@ -26,6 +27,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from vcdl.types import StateDict
 from vcdl.worker.admission import MemoryGate, MemoryGates, process_rss
+from vcdl.worker.basecache import BaseReads
 from vcdl.worker.cloud_notice import Cloud, CloudPoller, MetadataWatcher
 from vcdl.worker.preemption import Notice
 from vcdl.worker.slots import TrainingSlots
@@ -60,6 +62,8 @@ class WorkerRuntime:
     """Run -> the model's bytes as this process last read them (admission's estimates)."""
     gates: MemoryGates = field(default_factory=MemoryGates)
     slots: TrainingSlots = field(default_factory=TrainingSlots)
+    bases: BaseReads = field(default_factory=BaseReads)
+    """Base reads in the background, and the pinned base kept for the epoch's next shard."""
     watcher: MetadataWatcher | None = None
     """The poller of the cloud's preemption notices (``fault.cloud_notices``), if any."""
     closed: bool = False
@@ -113,6 +117,7 @@ class WorkerRuntime:
         self.own_result.clear()
         self.unmerged.clear()
         self.model_bytes.clear()
+        self.bases.clear()
 
 
 class VcdlWorkerPlugin(WorkerPlugin):

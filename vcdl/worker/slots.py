@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 
 from vcdl.errors import LedgerError
@@ -32,8 +32,13 @@ class TrainingSlots:
         self._lock = threading.Lock()
 
     @contextmanager
-    def hold(self, slots: int | None) -> Iterator[None]:
+    def hold(self, slots: int | None) -> Iterator[Callable[[], None]]:
         """Hold one of this process's ``slots`` places to train, waiting while all are taken.
+
+        Yields a function that hands the place on before the block ends (once;
+        the block's end then frees nothing more): an attempt whose result no
+        next attempt waits for gives its place up when its training ends and
+        writes its result meanwhile (:mod:`vcdl.worker.basecache`).
 
         A worker with one Dask thread more than it has slots starts the next task
         while the current one trains: Prefect's engine sets the next task up in
@@ -43,12 +48,22 @@ class TrainingSlots:
         as slots it never waits; ``None`` means no limit.
         """
         if slots is None:
-            yield
+            yield lambda: None
             return
         with self._lock:
             slot = self._slots.setdefault(slots, threading.Semaphore(slots))
-        with slot:
-            yield
+        slot.acquire()
+        held = [True]
+
+        def release() -> None:
+            if held[0]:
+                held[0] = False
+                slot.release()
+
+        try:
+            yield release
+        finally:
+            release()
 
 
 def await_own_merge(
