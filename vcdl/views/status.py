@@ -104,8 +104,8 @@ def phase_means(attempts: list[Attempt]) -> dict[str, float]:
     around the attempt); ``emulated_wait``: the part of ``train`` that an
     emulated speed waited (``cluster.speeds``); ``net_wait``: of ``read`` and
     ``write``, the seconds the worker waited on the store for its base and
-    its result, and ``base_read``: a base read in the background, beside the
-    attempt (:mod:`vcdl.worker.basecache`).
+    its result while holding its training slot, and ``base_read``: a base
+    read in the background, beside the attempt (:mod:`vcdl.worker.basecache`).
     """
     sums: dict[str, float] = defaultdict(float)
     n = 0
