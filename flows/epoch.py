@@ -25,7 +25,9 @@ notice, a reissue and its reason; a :class:`Close`) it records in the ledger
 as it carries them out, one small insert each on the fault path, for ``vcdl
 story``; a failure to record one is said once and never fails the run.
 Longer than ~500 lines on purpose: one executor carries out every kind of
-instruction of the state machine; the decisions themselves live elsewhere.
+instruction of the state machine; the decisions themselves live elsewhere,
+and what a returned task means (its event, its dispatch phases) in
+:mod:`flows.epoch_returns`.
 """
 
 from __future__ import annotations
@@ -43,13 +45,13 @@ from functools import partial
 from typing import Any
 
 import dask
-from distributed import KilledWorker
 from prefect import flow, get_run_logger
 from prefect.client.schemas.objects import State
 from prefect.futures import PrefectFuture
 from prefect.states import Cancelled
 
 from flows.cluster import worker_left_at
+from flows.epoch_returns import DispatchClock, task_event
 from flows.reporting import ProgressUpdater, publish_epoch_table
 from flows.tasks import evaluate_head, train_shard
 from flows.workarounds.shared_runner import run_dask_client
@@ -57,7 +59,6 @@ from flows.workarounds.task_runs import cancel, release, set_task_run_state
 from vcdl.config import RunConfig
 from vcdl.data import open_dataset
 from vcdl.driver.assimilator import MergeOutcome, merge_attempt
-from vcdl.driver.dispatch import dispatch_phases
 from vcdl.driver.epoch_attempts import settle
 from vcdl.driver.epoch_events import (
     Abandon,
@@ -89,11 +90,9 @@ from vcdl.driver.epoch_events import (
     Say,
     Settle,
     Submit,
-    TaskLost,
     TaskReturned,
     Tick,
     fact,
-    recorded_return,
 )
 from vcdl.driver.epoch_loop import RunStopping, current_gate
 from vcdl.driver.epoch_state import EpochState
@@ -110,14 +109,8 @@ from vcdl.states import MERGEABLE_ATTEMPT_STATES, TERMINAL_SUBTASK_STATES
 from vcdl.views import observe
 from vcdl.views.epochs import format_metrics
 from vcdl.worker.attempt import drop_checkpoint
-from vcdl.worker.preemption import PREEMPTED
 
 POLL_SECONDS = 2.0
-GATHER_SECONDS = 10.0
-"""How long the driver waits to fetch a finished task's output (a small dict, milliseconds
-from a live worker). When the worker holding it has left, Dask re-runs the task,
-perhaps behind another worker's whole attempt, and the wait would stall every
-merge and a stopping run: past this, the ledger says what the task did."""
 # One DEBUG record per submission, its ``created`` the driver's submit time:
 # benchmarks/overhead.py listens to it to time "first dispatch" exactly.
 dispatch_log = logging.getLogger("vcdl.dispatch")
@@ -145,13 +138,7 @@ class EpochExecutor:
         self.tasks: dict[PrefectFuture[dict[str, Any]], tuple[Key, int]] = {}
         self.futures: dict[tuple[Key, int], PrefectFuture[dict[str, Any]]] = {}
         self.done: queue.SimpleQueue[PrefectFuture[dict[str, Any]]] = queue.SimpleQueue()
-        self.submitted_at: dict[Key, float] = {}
-        # When the driver's client learned a subtask's task was done (its
-        # done-callback): from then until the loop takes it is the driver's wait.
-        self.arrived_at: dict[Key, float] = {}
-        # When each worker last finished a task body: a task submitted while
-        # its worker was busy waited in a queue, which is not dispatch overhead.
-        self.worker_free_at: dict[str, float] = {}
+        self.clock = DispatchClock()  # sent, arrived, workers free: dispatch phases
         # Dispatch phases of results not merged yet, by attempt id.
         self.overhead: dict[str, dict[str, float]] = {}
         self.duplicates = 0  # recorded when the epoch settles
@@ -210,73 +197,11 @@ class EpochExecutor:
         )
 
     def _returned(self, fut: PrefectFuture[dict[str, Any]], key: Key) -> Event:
-        """The event a finished shard task makes."""
-        try:
-            out = fut.result(timeout=GATHER_SECONDS)
-        except TimeoutError:
-            event = recorded_return(key, self.attempts_of(key))
-            self.log.warning(
-                "epoch %d shard %d: its task's output was not fetched in %.0fs (its worker "
-                "left?); %s",
-                *key,
-                GATHER_SECONDS,
-                f"attempt {event.attempt_id} is in the ledger"
-                if isinstance(event, TaskReturned)
-                else "no result in the ledger",
-            )
-            return event
-        except KilledWorker as exc:
-            # Dask gave up after `allowed-failures` worker deaths; Prefect would
-            # leave the task run Running forever.
-            return TaskLost(
-                key,
-                "KilledWorker: the workers running it died",
-                self.attempts_of(key),
-                crashed=f"worker lost: {exc}",
-            )
-        except LeaseLost:
-            raise  # the worker's claim was refused: another driver runs the run now
-        except Exception as exc:
-            return TaskLost(key, f"{type(exc).__name__}: {exc}", self.attempts_of(key))
-        if out["state"] == PREEMPTED:
-            return TaskReturned(key, "handed_back", self.attempts_of(key), worker=out["worker"])
-        if out["state"] == "skipped":
-            return TaskReturned(key, "skipped", ())
-        attempt_id = str(out["attempt_id"])
-        self.overhead[attempt_id] = self._dispatch_overhead(key, out)
-        return TaskReturned(
-            key,
-            out["state"],
-            self.attempts_of(key),
-            attempt_id=attempt_id,
-            worker=str(out.get("worker") or ""),
-            samples=_count(out.get("samples")),
-            planned_samples=_count(out.get("planned_samples")),
-        )
-
-    def _dispatch_overhead(self, key: Key, out: dict[str, Any]) -> dict[str, float]:
-        """Seconds outside the task body (:func:`vcdl.driver.dispatch.dispatch_phases`).
-
-        ``queued`` is time the attempt waited because its worker was busy (in
-        Dask's queues, or started on the worker's spare thread and waiting for
-        the training slot): not overhead. ``prefetch`` is the part of the
-        read-ahead of the shard's rows that ran after the worker was free.
-        ``scheduling`` counts from when the worker was free (its previous body
-        ended) to Dask starting the task. ``prefect`` is the engine before and
-        after the body; when the task started on the spare thread its "before"
-        overlapped the previous attempt's training.
-        """
-        clock = out.get("clock") or {}
-        sent, received = self.submitted_at.get(key), time.time()
-        arrived = self.arrived_at.pop(key, None)
-        started, ended = clock.get("body_started"), clock.get("body_ended")
-        if sent is None or started is None or ended is None:
-            return {}
-        worker = str(out.get("worker") or "")
-        # The attempt could not train before its worker finished the previous one.
-        ready = max(sent, self.worker_free_at.get(worker, sent))
-        self.worker_free_at[worker] = max(ended, self.worker_free_at.get(worker, ended))
-        return dispatch_phases(sent, ready, received, clock, arrived)
+        """The event a finished shard task makes (:func:`flows.epoch_returns.task_event`)."""
+        event, out = task_event(fut, key, partial(self.attempts_of, key), self.log)
+        if out is not None and isinstance(event, TaskReturned) and event.attempt_id:
+            self.overhead[event.attempt_id] = self.clock.phases(key, out)
+        return event
 
     def _late(self) -> list[DeadlinePassed]:
         """Subtasks in flight whose running attempts passed their deadline."""
@@ -418,7 +343,7 @@ class EpochExecutor:
     def submit(self, key: Key, number: int, base: int | None) -> None:
         """Submit the subtask's shard task (its ``number``-th), from version ``base``
         (None: the head at its claim)."""
-        self.submitted_at[key] = time.time()
+        self.clock.sent(key)
         epoch, shard = key
         dispatch_log.debug(
             "submit epoch %d shard %d attempt %d",
@@ -451,7 +376,7 @@ class EpochExecutor:
 
     def _arrived(self, key: Key, fut: PrefectFuture[dict[str, Any]]) -> None:
         """A shard task's done-callback (the client's thread): note when, hand it over."""
-        self.arrived_at[key] = time.time()
+        self.clock.arrived(key)
         self.done.put(fut)
 
     def _forget(self, key: Key, number: int, kind: str, message: str) -> None:
@@ -716,10 +641,3 @@ def epoch_flow(
         return EpochExecutor(ref, config, epoch, final, progress_id).run()
     except RunStopping as exc:
         return Cancelled(message=str(exc))
-
-
-def _count(value: object) -> int:
-    """A sample count a task returned, for the log and the policy's messages: a broken one
-    (negative, not an integer) reads 0. The merge judges the ledger's count itself and
-    rejects the result for it (:func:`vcdl.driver.assimilator.report_problem`)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0

@@ -4,7 +4,7 @@ When the worker holding a finished task's output leaves before the driver
 fetches it, Dask re-runs the task, perhaps behind another worker's whole
 attempt. The driver waited for that re-run with every merge stalled (a
 stopping run waited 14 s on this machine). Now it waits ``GATHER_SECONDS``
-and takes what the task recorded in the ledger. Here the re-run is a Dask
+(flows/epoch_returns.py) and takes what the task recorded in the ledger. Here the re-run is a Dask
 future that will not finish for a minute: the wait a lost output causes.
 """
 
@@ -19,7 +19,7 @@ import pytest
 from prefect import flow
 from prefect_dask.task_runners import PrefectDaskFuture
 
-import flows.epoch
+import flows.epoch_returns
 from flows.epoch import EpochExecutor
 from flows.workarounds.shared_runner import shared_task_runner
 from tests.daskfixture import local_cluster
@@ -38,7 +38,7 @@ def test_an_output_lost_with_its_worker_is_read_from_the_ledger(
 ) -> None:
     ref, cfg = make_run(tmp_path)
     trained = run_attempt(ref, 0, 0, config=cfg)  # its task's output is what was lost
-    monkeypatch.setattr(flows.epoch, "GATHER_SECONDS", 1.0)
+    monkeypatch.setattr(flows.epoch_returns, "GATHER_SECONDS", 1.0)
 
     with local_cluster(1) as (cluster, _), shared_task_runner(cluster.scheduler_address) as runner:
 
