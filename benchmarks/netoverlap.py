@@ -25,10 +25,10 @@ attempt's thread waited on the store), ``read`` and ``write``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from benchmarks.harness import add_common_options, emit_summary
 from benchmarks.netfleet import LinkProfile
 from benchmarks.netfleet.proxy import DRIVER, LinkProxy
 from benchmarks.sleeper import sleeper_config
@@ -130,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attempt-seconds", type=float, default=1.0)
     p.add_argument("--shards", type=int, default=6)
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--quick", action="store_true", help="one 40-ms profile, 1M parameters")
-    p.add_argument("--json", action="store_true", help="print every run's figures as JSON")
+    add_common_options(p, quick_help="one 40-ms profile, 1M parameters", repeats=False)
     args = p.parse_args(argv)
+    table = sys.stderr if args.json else sys.stdout
     if args.quick:
         args.rtt, args.params, args.shards, args.epochs = [40.0], 1e6, 3, 1
 
@@ -168,14 +169,14 @@ def main(argv: list[str] | None = None) -> int:
                     f"{100 * row['utilization']:5.1f} %, attempt {row['attempt_s']:.2f} s, "
                     f"net_wait {row['net_wait_s']:.3f} s (read {row['read_s']:.3f}, write "
                     f"{row['write_s']:.3f}), base reads {row['base_reads']}/{row['merged']}",
+                    file=table,
                     flush=True,
                 )
     finally:
         proxy.close()
         server.stop()
         shutil.rmtree(home, ignore_errors=True)
-    if args.json:
-        print(json.dumps(rows, indent=1))
+    emit_summary("netoverlap", {"runs": rows}, args)
     return 0
 
 
