@@ -29,6 +29,7 @@ from distributed.diagnostics.plugin import UploadFile
 
 from flows.workarounds.dask_logs import quiet_benign_logs
 from flows.workarounds.forkserver import forked_workers
+from flows.workarounds.plugin_broadcast import register_surviving
 from flows.workarounds.warmup import WarmupPlugin
 from flows.workarounds.watchdog import ClusterWatchdog
 from vcdl.config import RunConfig
@@ -111,7 +112,7 @@ def ship_user_code(address: str, cfg: RunConfig) -> list[str]:
                 # archive into the scheduler, which for a LocalCluster is this very
                 # process, replacing modules of the same name that the driver
                 # imported (and leaving a deleted archive on sys.path).
-                client.register_plugin(UploadFile(str(archive), load=True), name=archive.stem)
+                register_surviving(client, UploadFile(str(archive), load=True), archive.stem)
         except Exception as exc:
             detail = " ".join(str(exc).split())[:300]
             raise ModelError(
@@ -153,7 +154,7 @@ def allow_run_imports(address: str, cfg: RunConfig) -> None:
     if not modules:
         return
     with Client(address, timeout=60) as client:
-        client.register_plugin(ImportAllowance(modules))
+        register_surviving(client, ImportAllowance(modules))
 
 
 @contextmanager
@@ -264,5 +265,5 @@ def register_worker_plugins(address: str) -> None:
     from vcdl.worker.runtime import VcdlWorkerPlugin
 
     with Client(address, timeout=60) as client:
-        client.register_plugin(VcdlWorkerPlugin())
-        client.register_plugin(WarmupPlugin())
+        register_surviving(client, VcdlWorkerPlugin())
+        register_surviving(client, WarmupPlugin())
