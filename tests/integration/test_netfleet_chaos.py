@@ -11,17 +11,15 @@ later, as a replacement VM would join) and cuts one other host silently
 every subtask merged exactly once and ``audit --deep`` clean; the final
 accuracy is printed (the issue's >= 97 % target is for the full run, not
 this short one). The driver-to-store partition is not here: the harness
-cuts a link whole, and the driver's link carries the scheduler too. Nor
-is a host lost while the run starts: the chaos begins at the first merge,
-since a worker that vanishes while the driver registers its worker plugins
-fails the run (Dask's plugin broadcast raises ``CommClosedError``, which
-the driver reports as "no Dask scheduler answered"; seen on this fleet).
+cuts a link whole, and the driver's link carries the scheduler too. The
+chaos begins 15 s after the driver, while it installs its worker plugins:
+a host lost then failed the run before
+flows/workarounds/plugin_broadcast.py.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -125,8 +123,7 @@ def test_chaos_on_four_hosts_with_tls(
                     "PREFECT_HOME": str(tmp_path / "pf"),
                 }
                 started = time.monotonic()
-                driver_log = tmp_path / "driver.log"
-                with driver_log.open("wb") as out:
+                with (tmp_path / "driver.log").open("wb") as out:
                     driver = subprocess.Popen(
                         [sys.executable, "-m", "vcdl.cli", "train", str(cfg),
                          "--home", str(tmp_path / "home")],
@@ -135,13 +132,12 @@ def test_chaos_on_four_hosts_with_tls(
                 stop = threading.Event()
 
                 def chaos() -> None:
-                    # From the first merge on (a worker lost while the driver
-                    # registers its plugins fails the run: see the docstring), the
-                    # partition first (host d, silent), then a vanishing host every
-                    # ~20 s, never the one cut at that moment.
-                    while not re.search(r"shards [1-9]", driver_log.read_text(errors="replace")):
-                        if stop.wait(0.5):
-                            return
+                    # From 15 s after the driver started (it is installing its
+                    # plugins on the workers then): the partition first (host d,
+                    # silent), then a vanishing host every ~20 s, never the one cut
+                    # at that moment.
+                    if stop.wait(15):
+                        return
                     fleet.cut("d", PARTITION_S, "down")
                     cut_at = time.monotonic()
                     events.append(f"{time.monotonic() - started:.0f}s cut d {PARTITION_S:.0f}s")
