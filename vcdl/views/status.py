@@ -100,8 +100,9 @@ def phase_means(attempts: list[Attempt]) -> dict[str, float]:
     version, ledger); measured by the driver ``queued`` (waiting for a busy
     worker: not overhead), ``memory_wait`` (a slot held, waiting for the
     worker's memory: :mod:`vcdl.worker.admission`), ``scheduling`` (Dask
-    handing the task to a free worker) and ``prefect`` (the task engine
-    around the attempt); ``emulated_wait``: the part of ``train`` that an
+    handing the task to a free worker), ``prefect`` (the task engine
+    around the attempt) and ``driver_queue`` (the result back, waiting for
+    the driver, which was merging others); ``emulated_wait``: the part of ``train`` that an
     emulated speed waited (``cluster.speeds``); ``net_wait``: of ``read`` and
     ``write``, the seconds the worker waited on the store for its base and
     its result while holding its training slot, and ``base_read``: a base
