@@ -72,6 +72,19 @@ def pg_binaries() -> tuple[Path | None, str]:
     return None, "no initdb and postgres binaries (/usr/lib/postgresql/*/bin or PATH)"
 
 
+def pg_binaries_or_skip() -> Path:
+    """:func:`pg_binaries`' folder; the test skips without it, and fails under CI=true
+    (where the TLS tests must run)."""
+    import pytest
+
+    bindir, why = pg_binaries()
+    if bindir is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{why} (CI=true: the TLS tests must run)", pytrace=False)
+        pytest.skip(why)
+    return bindir
+
+
 def _as_postgres() -> None:
     # Runs in the child between fork and exec: become postgres, then ask to
     # be killed with the test process (set after the uid change, which clears it).

@@ -19,7 +19,6 @@ flows/workarounds/plugin_broadcast.py.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -35,7 +34,7 @@ from tests.integration.test_netfleet_run import _write_config
 from tests.integration.test_netfleet_tls import PG_PASSWORD, _env
 from tests.integration.test_netfleet_tls import shared_pki as shared_pki  # the fixture
 from tests.netfleetfixture import REPO, make_fleet
-from tests.pgssl import pg_binaries, ssl_postgres
+from tests.pgssl import pg_binaries_or_skip, ssl_postgres
 from tests.tlscerts import CA
 from tests.tlsservers import dask_client_env, https_moto
 
@@ -58,11 +57,7 @@ def test_chaos_on_four_hosts_with_tls(
     from vcdl.runtime import run_ref
     from vcdl.views.audit import audit_run
 
-    bindir, why = pg_binaries()
-    if bindir is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{why} (CI=true: the TLS tests must run)", pytrace=False)
-        pytest.skip(why)
+    bindir = pg_binaries_or_skip()
     env = _env()
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "PGPASSWORD"):
         monkeypatch.setenv(key, env[key])

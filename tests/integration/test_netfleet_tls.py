@@ -28,7 +28,7 @@ import pytest
 from benchmarks.netfleet import LinkProfile
 from benchmarks.netfleet.dask_hosts import start_scheduler, start_worker
 from tests.netfleetfixture import REPO, make_fleet
-from tests.pgssl import pg_binaries, ssl_postgres
+from tests.pgssl import pg_binaries_or_skip, ssl_postgres
 from tests.procenv import DROPPED, clean_env
 from tests.tlscerts import CA
 from tests.tlsservers import dask_client_env, https_moto
@@ -67,11 +67,7 @@ def test_a_short_run_on_two_hosts_with_tls_on_every_link(
     import boto3
     from distributed import Client, Security
 
-    bindir, why = pg_binaries()
-    if bindir is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{why} (CI=true: the TLS tests must run)", pytrace=False)
-        pytest.skip(why)
+    bindir = pg_binaries_or_skip()
     started = time.monotonic()
     with make_fleet(["a", "b"], tmp_path / "logs", {"a": LINK, "b": LINK}) as fleet:
         gateway = fleet.gateway

@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_secrets import READ_PREFECT, _holding
-from tests.pgssl import SslPostgres, pg_binaries, ssl_postgres
+from tests.pgssl import SslPostgres, pg_binaries_or_skip, ssl_postgres
 from tests.spotfleetdoc import CA_FILE, LEDGER, S3_ENDPOINT, SCHEDULER, config_text
 from tests.tlscerts import CA, Leaf
 from tests.tlsservers import (
@@ -94,15 +94,6 @@ def _base_env() -> dict[str, str]:
     }
 
 
-def _pg_or_skip() -> Path:
-    bindir, why = pg_binaries()
-    if bindir is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{why} (CI=true: the TLS tests must run)", pytrace=False)
-        pytest.skip(why)
-    return bindir
-
-
 def _make_bucket(endpoint: str, ca: Path) -> str:
     import boto3
 
@@ -119,7 +110,7 @@ def _make_bucket(endpoint: str, ca: Path) -> str:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    bindir = _pg_or_skip()
+    bindir = pg_binaries_or_skip()
     root = tmp_path_factory.mktemp("tls")
     ca, rogue = CA(root / "pki"), CA(root / "rogue", "rogue")
     logs = root / "logs"
