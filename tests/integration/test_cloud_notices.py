@@ -85,8 +85,10 @@ def _config(tmp_path: Path, cloud: str) -> RunConfig:
             "run": {"name": f"notice-{cloud}", "epochs": 1, "seed": 5},
             "data": {"name": "mnist1d", "samples": 2000, "shards": 40},
             "model": {"factory": "cnn1d", "kwargs": {"width": 16}},
-            # Long enough to be interrupted: 200 epochs of a 50-row shard (seconds).
-            "train": {"lr": 1e-2, "batch_size": 10, "local_epochs": 200},
+            # Long enough to be interrupted: 1000 epochs of a 40-row shard, ~5 s on a
+            # quiet core (200 took ~1 s there, and a notice up to 1.2 s into training
+            # found the attempt finished); an interrupted attempt stops at the notice.
+            "train": {"lr": 1e-2, "batch_size": 10, "local_epochs": 1000},
             "fault": {"cloud_notices": cloud, "notice_poll_seconds": 0.2},
         }
     ).with_locations(tmp_path)
