@@ -44,7 +44,7 @@ from vcdl.data import open_dataset
 from vcdl.driver.head_cache import HeadCache, head_cache
 from vcdl.driver.merge_plan import Candidate, Rejection, plan_merge
 from vcdl.driver.streamed import Decoded, streamed_check, streamed_merge
-from vcdl.driver.throughput import planned_sizes
+from vcdl.driver.throughput import planned_rows
 from vcdl.errors import (
     AlreadyMerged,
     DataError,
@@ -336,9 +336,9 @@ def shard_samples(ref: RunRef, cfg: RunConfig, attempt: Attempt | None = None) -
     the local epochs (None if the data set cannot be described). Under a throughput plan
     (``cluster.sizing``), ``attempt``'s own shard's planned rows times the local epochs."""
     if attempt is not None and cfg.cluster.sizing == "throughput":
-        sizes = planned_sizes(ref, cfg, attempt.epoch)
-        if sizes is not None and 0 <= attempt.shard < len(sizes):
-            return sizes[attempt.shard] * cfg.train.local_epochs
+        planned = planned_rows(ref, cfg, attempt.epoch, attempt.shard)
+        if planned is not None:
+            return planned * cfg.train.local_epochs
     key = (ref.ledger_url, ref.store_url, ref.run, cfg.data.name, cfg.data.shards)
     rows = _SHARD_ROWS.get(key)
     if rows is None:

@@ -9,7 +9,8 @@ every shard by its worker's throughput over the shards pinned to that worker
 (:func:`vcdl.data.sizing.shard_sizes`), so the workers end together.
 :func:`plan_epoch` is the I/O edge: it reads the attempts from the ledger;
 :func:`planned_sizes` reads an epoch's recorded plan back (a worker cuts its
-rows by it, a replay and a what-if weigh its results by it) and
+rows by it, a replay and a what-if weigh its results by it), :func:`planned_rows`
+one shard's (the merge's sample check), and
 :func:`share_of` is a shard's weight.
 """
 
@@ -90,6 +91,19 @@ def planned_sizes(ref: RunRef, cfg: RunConfig, epoch: int) -> list[int] | None:
     if not rows or any(r is None for r in rows):
         return None
     return [int(r) for r in rows if r is not None]
+
+
+def planned_rows(ref: RunRef, cfg: RunConfig, epoch: int, shard: int) -> int | None:
+    """One shard's rows under ``epoch``'s throughput plan; None for the even plan.
+
+    Its own subtask row, filtered in the query: the merge asks for every result,
+    and :func:`planned_sizes` reads the whole epoch's (an epoch's plan is recorded
+    for all its shards or none, :meth:`vcdl.ledger.Ledger.ensure_subtasks`).
+    """
+    if cfg.cluster.sizing != "throughput":
+        return None
+    found = ref.ledger(fenced=False).subtasks(ref.run, epoch, shard=shard)
+    return int(found[0].rows) if found and found[0].rows is not None else None
 
 
 def share_of(sizes: list[int] | None, shard: int) -> float | None:
