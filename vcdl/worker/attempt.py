@@ -15,7 +15,7 @@ in the :class:`~vcdl.worker.runtime.WorkerRuntime` handed to it; the worker
 process's training slots and its wait for its own last merge are
 :mod:`vcdl.worker.slots`.
 
-Over 500 lines (576) since this stop's throughput plan and network overlap
+Over 500 lines (about 580) since this stop's throughput plan and network overlap
 each added a step to the hot path; next to split out: the shard's rows
 (``load_shard``, ``ShardData``) and the base read (``start_base_read``).
 """
