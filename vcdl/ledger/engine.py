@@ -10,7 +10,8 @@ except the queries themselves:
   WAL, a busy timeout, foreign keys and ``BEGIN IMMEDIATE`` for writes;
 * the transaction runner: one transaction per call, re-run whole after a
   PostgreSQL serialization failure or deadlock, or after a lost connection
-  where that cannot apply a write twice (:mod:`vcdl.ledger.retry`), database
+  where that cannot apply a write twice (:mod:`vcdl.ledger.retry`), a
+  PostgreSQL commit lost on the way resolved (:mod:`vcdl.ledger.outcome`), database
   errors turned into :class:`~vcdl.errors.LedgerError` with a message that
   says what to do;
 * the schema on open: Alembic migrations to head (:mod:`vcdl.ledger.migrations`),
@@ -109,6 +110,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
 from vcdl.errors import LedgerError, LedgerNotFound, UnsupportedLedger
 from vcdl.ledger import migrations
 from vcdl.ledger.foreign import not_a_database, refuse_foreign, sqlite_tables
+from vcdl.ledger.outcome import commit_outcome, forget_id, transaction_id
 from vcdl.ledger.pgsession import session_connect_args
 from vcdl.ledger.retry import (
     TRANSIENT_RETRIES,
@@ -116,6 +118,7 @@ from vcdl.ledger.retry import (
     Phase,
     jitter,
     ledger_outage,
+    lost_connection,
     transient_pause,
     wait_to_reconnect,
 )
@@ -301,7 +304,9 @@ class LedgerEngine:
         (it was rolled back whole), unless ``on_transient`` gives the error to
         raise instead. A connection lost before the commit was sent re-runs it
         too, with backoff (:mod:`vcdl.ledger.retry`); one lost during the
-        commit is raised.
+        commit is resolved on PostgreSQL (:mod:`vcdl.ledger.outcome`: returned
+        if it committed, re-run if not, raised if the server cannot say) and
+        raised on SQLite (a local file: its commit is not sent over a link).
         """
         return self._transact(self.engine, fn, on_transient)
 
@@ -318,12 +323,17 @@ class LedgerEngine:
         # default isolation is SERIALIZABLE, so every transaction may be re-run.
         service = ledger_outage(self.display)
         start, serial, lost = time.monotonic(), 0, 0
+        # A PostgreSQL write learns its id, so that a commit lost on the way is resolved.
+        resolvable = self.backend == "postgresql" and not (reads or autocommit)
         while True:
             phase: Phase = "connect"
+            xid: int | None = None
             try:
                 with engine.begin() as conn:
                     phase = "run"
+                    forget_id(conn)
                     result = fn(conn)
+                    xid = transaction_id(conn) if resolvable else None
                     phase = "commit"
             except DBAPIError as exc:
                 sqlstate = getattr(exc.orig, "sqlstate", None)
@@ -336,6 +346,15 @@ class LedgerEngine:
                     transient_pause(serial)
                     serial += 1
                     continue
+                if phase == "commit" and xid is not None and lost_connection(exc):
+                    outcome = commit_outcome(engine, xid, service, began=start, n=lost)
+                    if outcome == "committed":
+                        service.succeeded(time.monotonic())
+                        return result
+                    if outcome == "aborted":  # nothing of it applied: run it again
+                        lost += 1
+                        continue
+                    raise self.error(exc, "commit of unknown outcome to ledger") from exc
                 if not wait_to_reconnect(
                     exc, phase, service, reads=reads, autocommit=autocommit, n=lost, began=start
                 ):

@@ -27,10 +27,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, Select, literal_column, select
 
 from vcdl.errors import LeaseLost, RunNotFound
 from vcdl.ledger.engine import LedgerEngine
+from vcdl.ledger.outcome import XID_SQL, note_id
 from vcdl.ledger.rows import RUN as _RUN
 
 T = TypeVar("T")
@@ -59,9 +60,16 @@ class FencedEngine(LedgerEngine):
         self.inner = engine
         self.run = run
         self.generation = generation
-        check = select(_RUN.c.lease_generation, _RUN.c.lease_owner).where(_RUN.c.name == run)
-        # FOR SHARE on PostgreSQL: a takeover's UPDATE of the row waits for us.
-        self._check = check.with_for_update(read=True) if engine.backend == "postgresql" else check
+        check: Select[Any] = select(_RUN.c.lease_generation, _RUN.c.lease_owner).where(
+            _RUN.c.name == run
+        )
+        self._pg = engine.backend == "postgresql"
+        # FOR SHARE on PostgreSQL: a takeover's UPDATE of the row waits for us. The
+        # transaction's id in the same round trip: a commit lost on the way is then
+        # resolved at no extra cost (vcdl.ledger.outcome).
+        if self._pg:
+            check = check.add_columns(literal_column(XID_SQL)).with_for_update(read=True)
+        self._check = check
 
     def __getattr__(self, name: str) -> Any:
         # Only for what this object lacks: the wrapped engine's attributes.
@@ -72,6 +80,8 @@ class FencedEngine(LedgerEngine):
         row = c.execute(self._check).first()
         if row is None:
             raise RunNotFound(f"no run {self.run!r} in ledger {self.inner.display}")
+        if self._pg:
+            note_id(c, row[2])
         if row[0] != self.generation:
             raise lease_lost(self.run, self.generation, row[1], int(row[0]))
 

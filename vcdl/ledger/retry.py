@@ -11,7 +11,8 @@ other's, so that the two keep one policy. Two kinds of transient error:
   minute, the outage logged once), but only where repeating cannot apply a
   write twice (:func:`safe_to_repeat`). A write whose connection was lost
   while its commit was on the way may or may not have been applied; it is
-  raised as before, never guessed at. A session the server ended for sitting
+  never guessed at: a PostgreSQL transaction's fate is asked of the server
+  (:mod:`vcdl.ledger.outcome`), anything else raised. A session the server ended for sitting
   idle in a transaction (SQLSTATE 25P03, :mod:`vcdl.ledger.pgsession`) is the
   exception: its transaction was rolled back, so any call is run again.
 
