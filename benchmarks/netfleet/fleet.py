@@ -228,12 +228,14 @@ class Fleet:
         after); ``reset``: its connections are reset and new ones reset at
         once; ``down``: a host's veth goes down as well (every packet of the
         host dropped, peer traffic too; TCP retransmits), with the proxy's stall.
+        ``link`` may name one route of a link, ``proxy.route_link("driver", "s3")``:
+        only that side's connections to that service are cut (``stall`` or ``reset``).
         """
         assert self.proxy is not None
+        if mode == "down" and (link == DRIVER or ">" in link):
+            raise ValueError(f"{link!r} has no veth to take down: cut it with stall or reset")
         self.proxy.cut(link, seconds, "stall" if mode == "down" else mode)
         if mode == "down":
-            if link == DRIVER:
-                raise ValueError("the driver's link has no veth to take down")
             dev = self.hosts[link].outer
             netns.set_link(dev, up=False)
             timer = threading.Timer(seconds, netns.set_link, (dev, True))

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 from benchmarks.netfleet.links import CutMode, Link, LinkProfile
 
-__all__ = ["DRIVER", "LinkProxy", "Route"]
+__all__ = ["DRIVER", "LinkProxy", "Route", "route_link"]
 
 DRIVER = "driver"  # the link of connections from the root namespace (the driver's side)
 CHUNK = 64 * 1024
@@ -51,6 +51,17 @@ QUEUED_CHUNKS = 64
 KEEPALIVE = {"TCP_KEEPIDLE": 10, "TCP_KEEPINTVL": 2, "TCP_KEEPCNT": 10}
 
 T = TypeVar("T")
+
+
+def route_link(link: str, route: str) -> str:
+    """The name that cuts ``link``'s connections over ``route`` alone (``driver>s3``).
+
+    Every connection crosses its source's link and, as well, this narrower one of
+    its own (link, route) pair: cutting it cuts one service for one side, e.g.
+    the driver from the store while its scheduler and ledger stay reachable.
+    It adds no delay of its own.
+    """
+    return f"{link}>{route}"
 
 
 @dataclass
@@ -132,7 +143,9 @@ class LinkProxy:
         return self._call(self._add_route(Route(name, (listen_host, 0), target, into)))
 
     def cut(self, name: str, seconds: float, mode: CutMode) -> None:
-        """Cut link ``name`` for ``seconds`` (``stall``/``down``: hold; ``reset``: refuse)."""
+        """Cut link ``name`` for ``seconds`` (``stall``/``down``: hold; ``reset``: refuse).
+
+        ``name`` may be a whole link or one link's route (:func:`route_link`)."""
         self._call(self._cut(name, seconds, mode))
 
     def uncut(self, name: str) -> None:
@@ -167,8 +180,22 @@ class LinkProxy:
         self.routes[route.name] = route
         return route.listen
 
+    def _link(self, name: str) -> Link:
+        """Link ``name``; a (link, route) pair's is made on first use."""
+        if name in self.links:
+            return self.links[name]
+        source, _, route = name.partition(">")
+        if not route or source not in self.links or route not in self.routes:
+            known = ", ".join(sorted(n for n in self.links if ">" not in n))
+            raise KeyError(
+                f"no link {name!r}: a link is one of {known}, or LINK>ROUTE with a route of "
+                f"{', '.join(sorted(self.routes)) or '(none yet)'}"
+            )
+        self.links[name] = Link(name, changed=asyncio.Event())
+        return self.links[name]
+
     async def _cut(self, name: str, seconds: float, mode: CutMode) -> None:
-        link = self.links[name]
+        link = self._link(name)
         link.cut_until = time.monotonic() + seconds
         link.cut_mode = mode
         if link.changed is None:
@@ -189,10 +216,13 @@ class LinkProxy:
                 conn.reset()
 
     def _links_of(self, route: Route, peer: str) -> tuple[Link, ...]:
-        names = [self._source_link(peer)]
-        if route.into is not None and route.into not in names:
-            names.append(route.into)
-        return tuple(self.links.get(n) or self.links[DRIVER] for n in names)
+        source = self.links.get(self._source_link(peer)) or self.links[DRIVER]
+        links = [source]
+        if route.into is not None and route.into != source.name:
+            links.append(self.links.get(route.into) or self.links[DRIVER])
+        # Last: the source's own link over this route alone (cut by route_link's name).
+        links.append(self._link(route_link(source.name, route.name)))
+        return tuple(links)
 
     async def _serve(
         self, route: Route, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

@@ -10,8 +10,10 @@ later, as a replacement VM would join) and cuts one other host silently
 (``down``: every packet dropped) for 30 s. The run must complete with
 every subtask merged exactly once and ``audit --deep`` clean; the final
 accuracy is printed (the issue's >= 97 % target is for the full run, not
-this short one). The driver-to-store partition is not here: the harness
-cuts a link whole, and the driver's link carries the scheduler too. The
+this short one). The full run, ``long`` (tens of minutes here), is the
+whole example with, besides, the driver cut from the store alone for 30 s
+(the proxy's per-route cut: its scheduler and ledger stay reachable), and
+must end at >= 97 %. The
 chaos begins 15 s after the driver, while it installs its worker plugins:
 a host lost then failed the run before
 flows/workarounds/plugin_broadcast.py.
@@ -24,12 +26,14 @@ import sys
 import threading
 import time
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from benchmarks.netfleet import LinkProfile, netns
 from benchmarks.netfleet.dask_hosts import start_scheduler, start_worker
+from benchmarks.netfleet.proxy import DRIVER, route_link
 from tests.integration.test_netfleet_run import _write_config
 from tests.integration.test_netfleet_tls import PG_PASSWORD, _env
 from tests.integration.test_netfleet_tls import shared_pki as shared_pki  # the fixture
@@ -48,8 +52,45 @@ BACK_AFTER_S = 3.0
 PARTITION_S = 30.0
 
 
+@dataclass(frozen=True)
+class Form:
+    """How much of the chaos run: the run's size, the driver's store cut, what must hold."""
+
+    epochs: int | None  # None: the example's own
+    samples: int | None
+    driver_store_cut: bool
+    min_accuracy: float
+    timeout: float
+
+
+SHORT = Form(epochs=3, samples=6000, driver_store_cut=False, min_accuracy=0.0, timeout=480)
+# The issue's target: the whole example, a worker host's silent cut and the
+# driver's own cut from the store (its scheduler and ledger still reachable).
+FULL = Form(epochs=None, samples=None, driver_store_cut=True, min_accuracy=0.97, timeout=2400)
+
+
 def test_chaos_on_four_hosts_with_tls(
     prefect_api_url: str, shared_pki: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _chaos_run(SHORT, prefect_api_url, shared_pki, tmp_path, monkeypatch)
+
+
+@pytest.mark.long
+@pytest.mark.timeout(2700)
+def test_the_full_chaos_target(
+    prefect_api_url: str, shared_pki: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole examples/mnist1d.toml under the same chaos plus a 30-s cut of the
+    driver from the store: >= 97 %, audit clean, every subtask merged once."""
+    _chaos_run(FULL, prefect_api_url, shared_pki, tmp_path, monkeypatch)
+
+
+def _chaos_run(
+    form: Form,
+    prefect_api_url: str,
+    shared_pki: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import boto3
 
@@ -98,8 +139,11 @@ def test_chaos_on_four_hosts_with_tls(
                     aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
                 ).create_bucket(Bucket="vcdl-chaos")  # fmt: skip
                 base = tomllib.loads((REPO / "examples" / "mnist1d.toml").read_text())
-                base["run"].update(name=RUN, epochs=3)
-                base["data"].update(samples=6000, shards=8)
+                base["run"]["name"] = RUN
+                if form.epochs is not None:
+                    base["run"]["epochs"] = form.epochs
+                if form.samples is not None:
+                    base["data"]["samples"] = form.samples
                 base["cluster"] = {"address": scheduler}
                 base["ledger"] = {"url": ledger_url}
                 base["store"] = {
@@ -136,6 +180,19 @@ def test_chaos_on_four_hosts_with_tls(
                     fleet.cut("d", PARTITION_S, "down")
                     cut_at = time.monotonic()
                     events.append(f"{time.monotonic() - started:.0f}s cut d {PARTITION_S:.0f}s")
+                    if form.driver_store_cut:
+                        # Once d is back: the driver alone loses the store, mid-run,
+                        # while hosts go on vanishing.
+                        def cut_driver() -> None:
+                            if stop.is_set():
+                                return
+                            fleet.cut(route_link(DRIVER, "s3"), PARTITION_S, "stall")
+                            at = time.monotonic() - started
+                            events.append(f"{at:.0f}s cut driver>s3 {PARTITION_S:.0f}s")
+
+                        timer = threading.Timer(PARTITION_S + VANISH_EVERY_S, cut_driver)
+                        timer.daemon = True
+                        timer.start()
                     turn = 0
                     while not stop.wait(VANISH_EVERY_S / 2 if turn == 0 else VANISH_EVERY_S):
                         candidates = ["a", "b", "c"]
@@ -159,7 +216,7 @@ def test_chaos_on_four_hosts_with_tls(
                 thread = threading.Thread(target=chaos, daemon=True)
                 thread.start()
                 try:
-                    rc = driver.wait(480)
+                    rc = driver.wait(form.timeout)
                 finally:
                     stop.set()
                     thread.join(30)
@@ -194,3 +251,6 @@ def test_chaos_on_four_hosts_with_tls(
         merged = [a for a in attempts if a.subtask_id == s.id and a.state == "merged"]
         assert s.state == "merged" and len(merged) == 1, (s, merged)
     assert any("vanish" in e for e in events) and any("cut d" in e for e in events), events
+    if form.driver_store_cut:
+        assert any("driver>s3" in e for e in events), events
+    assert last is not None and (last.accuracy or 0.0) >= form.min_accuracy, last

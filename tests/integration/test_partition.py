@@ -128,3 +128,42 @@ def test_a_ledger_cut_stalls_reads_and_writes_then_they_go_on(
     assert len(lines) == 2, lines
     assert lines[0].startswith("ledger postgresql") and "unreachable" in lines[0]
     assert "reachable again" in lines[1]
+
+
+def _echo_seconds(address: tuple[str, int]) -> float:
+    """One round trip of a byte through ``address`` on a new connection, in seconds."""
+    import socket
+
+    began = time.monotonic()
+    with socket.create_connection(address, timeout=10) as sock:
+        sock.sendall(b"x")
+        assert sock.recv(1) == b"x"
+    return time.monotonic() - began
+
+
+def test_a_route_cut_stops_that_service_alone() -> None:
+    """The chaos target's "driver cut from the store": its other routes stay up."""
+    from benchmarks.netfleet.proxy import route_link
+    from tests.netfleetfixture import TcpServers
+
+    servers = TcpServers()
+    proxy = LinkProxy(lambda _peer: DRIVER)
+    try:
+        echo = ("127.0.0.1", servers.port(servers.echo))
+        store = proxy.add_route("store", "127.0.0.1", echo)
+        ledger = proxy.add_route("ledger", "127.0.0.1", echo)
+        with pytest.raises(KeyError, match="LINK>ROUTE with a route of ledger, store"):
+            proxy.cut(route_link(DRIVER, "nope"), CUT, "stall")
+        proxy.cut(route_link(DRIVER, "store"), CUT, "stall")
+        cut_at = time.monotonic()
+        assert _echo_seconds(ledger) < 1.0  # the driver's other service: untouched
+        held = _echo_seconds(store)
+        assert held >= CUT - (time.monotonic() - cut_at) - 0.2, held  # held to the cut's end
+        assert _echo_seconds(store) < 1.0  # and back after it
+        proxy.cut(route_link(DRIVER, "store"), CUT, "reset")
+        with pytest.raises(OSError):
+            _echo_seconds(store)
+        assert _echo_seconds(ledger) < 1.0
+    finally:
+        proxy.close()
+        servers.close()
