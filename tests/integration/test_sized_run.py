@@ -1,22 +1,28 @@
 """A real run with ``cluster.sizing = "throughput"`` on an uneven LocalCluster (speeds 1, 0.25):
 the first epoch is even, the later ones sized by the throughput the ledger measured and
 pinned to their workers; every sample is trained once per epoch; the audit is clean and
-the run replays bit for bit."""
+the run replays bit for bit. Its driver is killed in the last epoch once that epoch's plan
+is recorded, and ``vcdl resume`` carries out the recorded plan on a new cluster."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from benchmarks.cli_proc import log_tail, reap, start_vcdl
 from vcdl import api
 from vcdl.data import open_dataset, shard_plan
 from vcdl.driver.throughput import throughput_by_worker
-from vcdl.ledger import attempt_timings
+from vcdl.errors import LedgerNotFound
+from vcdl.ledger import Ledger, attempt_timings
 from vcdl.replay.runner import replay_run
 from vcdl.worker.speed import SPEED_KEY
 
@@ -45,13 +51,42 @@ sizing = "throughput"
 """
 
 
-def test_later_epochs_follow_the_measured_throughput(prefect_api_url: str, tmp_path: Path) -> None:
+def _killed_once_its_last_plan_is_recorded(home: Path, config: Path, env: dict[str, str]) -> None:
+    """``vcdl train``, SIGKILLed (its cluster with it) once epoch 2's plan is in the ledger."""
+    driver = start_vcdl(home, "train", str(config), env=env)
+    try:
+        db = home / "ledger.db"
+        db_url = f"sqlite:///{db}"
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:
+            assert driver.poll() is None, log_tail(home, "train")
+            if db.exists():
+                # The file made, its schema maybe not yet.
+                with contextlib.suppress(LedgerNotFound), Ledger(db_url, create=False) as ledger:
+                    if ledger.find_run("sized") and any(
+                        s.rows is not None for s in ledger.subtasks("sized", 2)
+                    ):
+                        return
+            time.sleep(0.2)
+        raise AssertionError("epoch 2 was never planned: " + log_tail(home, "train"))
+    finally:
+        reap(driver)
+        driver.wait(30)
+
+
+def test_later_epochs_follow_the_measured_throughput_through_a_killed_driver(
+    prefect_api_url: str, tmp_path: Path
+) -> None:
     config = tmp_path / "sized.toml"
     config.write_text(CONFIG)
     home = tmp_path / "home"
     env = os.environ | {"PREFECT_API_URL": prefect_api_url}
+    # Killed in the last epoch, once its plan is recorded: the resumed driver (a new
+    # cluster, new worker addresses) carries out that plan, not a new one.
+    _killed_once_its_last_plan_is_recorded(home, config, env)
+    killed_at = datetime.now(UTC)
     out = subprocess.run(
-        [VCDL, "train", str(config), "--home", str(home)],
+        [VCDL, "resume", "sized", "--home", str(home)],
         capture_output=True,
         text=True,
         timeout=500,
@@ -65,7 +100,7 @@ def test_later_epochs_follow_the_measured_throughput(prefect_api_url: str, tmp_p
     subtasks = ledger.subtasks("sized")
     attempts = ledger.attempts("sized")
     merged = [a for a in attempts if a.state == "merged"]
-    slow = {a.worker for a in merged if SPEED_KEY in attempt_timings(a)}
+    slow = {a.worker for a in merged if SPEED_KEY in attempt_timings(a) and a.epoch < 2}
     assert len(slow) == 1, "the slow worker trained"
 
     # Epoch 0 is even (nothing measured yet): no plan recorded.
@@ -89,10 +124,20 @@ def test_later_epochs_follow_the_measured_throughput(prefect_api_url: str, tmp_p
                 (a.epoch, a.shard, a.state, a.worker, a.samples, a.reason) for a in attempts
             ] + [(t.epoch, t.shard, t.state, t.rows, t.worker, t.reason) for t in subtasks]
             (a,) = ours
-            assert a.worker == s.worker
+            # Pinned to its planned worker, unless that worker went with the killed
+            # driver: then anywhere (its rows are still the plan's).
+            assert a.worker == s.worker or a.started_at >= killed_at, (a, s)
             assert a.samples == (s.rows or 0) * cfg.train.local_epochs
         rows = shard_plan(n, 2, cfg.run.seed, epoch, block=None, sizes=[r or 0 for r in sizes])
         assert np.array_equal(np.sort(np.concatenate(rows)), np.arange(n))
+
+    after = [
+        (a.shard, a.worker in {s.worker for s in subtasks})
+        for a in merged
+        if a.started_at >= killed_at
+    ]
+    print(f"merged after the resume (shard, on a planned worker): {after}")
+    assert after, "nothing was left for the resumed driver"
 
     # Every sample of every epoch trained once: the merged attempts' samples add up.
     for epoch in range(3):
