@@ -22,6 +22,8 @@ it)::
     running ──▶ finished | interrupted (a partial result) | failed
             ──▶ killed | timeout      (the driver gave up on it; it may still
                                        record its end if it was alive after all)
+            ──▶ duplicate             (its result came in after another attempt's
+                                       was merged: the ledger records it so at once)
     finished | interrupted ──▶ merged | rejected | duplicate
 
 Pure data and pure functions; no I/O.
@@ -91,7 +93,10 @@ SUBTASK_MOVES: Final[Mapping[str, frozenset[str]]] = {
 }
 
 ATTEMPT_MOVES: Final[Mapping[str, frozenset[str]]] = {
-    "running": frozenset({"finished", "interrupted", "failed", "killed", "timeout"}),
+    # running -> duplicate: a result that comes in for a subtask another
+    # attempt merged already (vcdl.ledger.work.WorkQueries.finish_attempt), in
+    # the same statement, not at a later settle that may never come.
+    "running": frozenset({"finished", "interrupted", "failed", "killed", "timeout", "duplicate"}),
     "finished": frozenset({"merged", "rejected", "duplicate"}),
     "interrupted": frozenset({"merged", "rejected", "duplicate"}),
     # Given up on by the driver but alive after all (a worker leaving under

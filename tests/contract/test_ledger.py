@@ -33,7 +33,7 @@ from vcdl.errors import (
     LedgerNotFound,
     RunNotFound,
 )
-from vcdl.ledger import HeadMoved, Ledger, Version, redact_url
+from vcdl.ledger import Attempt, HeadMoved, Ledger, Version, redact_url
 from vcdl.ledger.engine import LedgerEngine
 from vcdl.ledger.merging import FoldItem, FoldRefused
 from vcdl.ledger.models import FOLDED_CHECKSUM
@@ -1003,3 +1003,110 @@ def test_abandoning_an_attempt_that_already_ended_changes_nothing(ledger: Ledger
     assert ledger.finish_attempt(alive.id, state="finished").state == "finished"
     with pytest.raises(LedgerError, match="killed or timeout"):
         ledger.abandon_attempt(done.id, state="failed", reason="x")
+
+
+# -- a result that comes in after its subtask was merged ---------------------------
+
+
+@pytest.mark.parametrize("fenced", [False, True], ids=["fast path", "fenced"])
+def test_a_result_after_its_subtask_merged_is_recorded_a_duplicate_by_its_finish(
+    ledger: Ledger, fenced: bool
+) -> None:
+    """Past the run's last settle nobody records a late result: its own finish does.
+
+    The run is completed when the late results come in. Both SQL paths: the
+    PostgreSQL fast path, and SQLAlchemy's statement (a fenced ledger on
+    PostgreSQL, every SQLite ledger).
+    """
+    new_run(ledger, "a", shards=3)
+    ledger.update_run("a", state="running")
+    late = ledger.start_attempt("a", 0, 0, "w-late")
+    cut = ledger.start_attempt("a", 0, 1, "w-cut")
+    ledger.abandon_attempt(cut.id, state="killed", reason="worker died")
+    merge(ledger, "a", ledger.start_attempt("a", 0, 0, "w1").id, 0)
+    merge(ledger, "a", ledger.start_attempt("a", 0, 1, "w1").id, 1)
+    open_result = ledger.start_attempt("a", 0, 2, "w2")
+    ledger.update_run("a", state="completed", epochs_completed=1)
+    view = ledger.fenced("a", ledger.acquire_lease("a", "driver", 60)) if fenced else ledger
+
+    done = view.finish_attempt(
+        late.id, state="finished", result_uri="a/r-late", samples=50, loss=0.5
+    )
+    assert (done.state, done.reason) == (
+        "duplicate",
+        "subtask already merged as v1 by another attempt; this result came in after it",
+    )
+    # What the worker recorded is kept: its result, its numbers, its end.
+    assert (done.result_uri, done.samples, done.loss) == ("a/r-late", 50, 0.5)
+    assert done.finished_at is not None
+    assert ledger.get_attempt(late.id).model_dump() == done.model_dump()  # as stored
+    # A partial result of an attempt given up on, alive after all: the same.
+    partial = view.finish_attempt(
+        cut.id, state="interrupted", result_uri="a/r-cut", reason="preemption notice"
+    )
+    assert partial.state == "duplicate" and (partial.reason or "").startswith(
+        "subtask already merged as v2 by another"
+    )
+    # A duplicate is final; the run, its head and the subtasks are as they were.
+    with pytest.raises(IllegalTransition, match="'duplicate' to 'finished'"):
+        view.finish_attempt(late.id, state="finished")
+    run = ledger.get_run("a")
+    assert (run.state, run.head_version) == ("completed", 2)
+    subs = ledger.subtasks("a", 0)
+    assert [(s.state, s.merged_version) for s in subs] == [
+        ("merged", 1),
+        ("merged", 2),
+        ("running", None),
+    ]
+    # A subtask nobody merged: its result is finished, mergeable by a resume.
+    kept = view.finish_attempt(open_result.id, state="finished", result_uri="a/r2", reason="ok")
+    assert (kept.state, kept.reason) == ("finished", "ok")
+    # Only a result is a duplicate: an attempt that failed or was given up on is that.
+    failed = ledger.start_attempt("a", 0, 0, "w3")
+    assert view.finish_attempt(failed.id, state="failed", reason="boom").state == "failed"
+    gone = ledger.start_attempt("a", 0, 0, "w4")
+    assert view.abandon_attempt(gone.id, state="timeout", reason="late") is not None
+    assert ledger.get_attempt(gone.id).state == "timeout"
+    # A merge of an attempt still running makes no duplicate of it: its finish will.
+    running = ledger.start_attempt("a", 0, 1, "w5")
+    with pytest.raises(AlreadyMerged):
+        ledger.commit_merge(
+            "a", running.id, expected_head=2, uri="a/v3", checksum="c", alpha=0.5, staleness=0
+        )
+    assert ledger.get_attempt(running.id).state == "running"
+    assert view.finish_attempt(running.id, state="finished").state == "duplicate"
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("fenced", [False, True], ids=["fast path", "fenced"])
+def test_a_finish_waits_for_a_merge_of_its_subtask_under_way(pg_url: str, fenced: bool) -> None:
+    """PostgreSQL: a result that comes in while another attempt's merge holds the
+    subtask waits for it and is recorded a duplicate once it commits; without the
+    lock it would read the subtask before that merge and stay finished, and its
+    epoch's settle, which read the attempts before it committed, would miss it."""
+    import threading
+
+    with Ledger(pg_url) as led:
+        new_run(led, "a", shards=1)
+        late = led.start_attempt("a", 0, 0, "w-late")
+        sub_id = led.subtasks("a", 0)[0].id
+        view = led.fenced("a", led.acquire_lease("a", "driver", 60)) if fenced else led
+        got: list[Attempt] = []
+        finish = threading.Thread(
+            target=lambda: got.append(
+                view.finish_attempt(late.id, state="finished", result_uri="a/r")
+            )
+        )
+        with led._engine.connect() as merger, merger.begin():
+            # What a merge's statement does: the subtask's row locked, then merged.
+            merger.execute(text("SELECT id FROM subtask WHERE id = :id FOR UPDATE"), {"id": sub_id})
+            merger.execute(
+                text("UPDATE subtask SET state = 'merged', merged_version = 7 WHERE id = :id"),
+                {"id": sub_id},
+            )
+            finish.start()
+            finish.join(1.0)
+            assert finish.is_alive() and not got, "the finish did not wait for the merge"
+        finish.join(30)
+        assert len(got) == 1, "the finish did not end once the merge committed"
+        assert got[0].state == "duplicate" and "v7" in (got[0].reason or ""), got[0]

@@ -54,8 +54,9 @@ RUN = "netfleet-late"
 LINK = LinkProfile(latency_ms=40, jitter_ms=5, mbit=100)
 CUT_S = 10.0
 HOLD = "/tmp/vcdl-hold"  # on host a's own /tmp
-# Late duplicates are recorded when an epoch settles at its barrier: the
-# epochs after the cut's give the late result two barriers to land before.
+# The late result is recorded a duplicate by its own finish (its subtask
+# merged elsewhere by then), also past the run's end; the epochs after the
+# cut's keep the run going while it lands, as on a fleet with work left.
 EPOCHS = 3
 
 
@@ -215,8 +216,9 @@ def test_a_cut_off_workers_late_result_is_a_recorded_duplicate(
     assert gone, "host a's processes outlived the test's watch"
     assert final.state == "duplicate", final
     assert final.finished_at is not None
-    # Its result came from the worker after the release (the settle that made it
-    # a duplicate keeps what the worker recorded, and stamps its own time).
+    # Its result came from the worker after the release: its finish recorded it
+    # a duplicate of the merge from b, in the same statement.
+    assert "by another attempt" in (final.reason or ""), final
     assert final.result_uri is not None and final.samples, final
     assert final.finished_at.timestamp() - cut_wall > released - cut - 1
     # Nothing of the fleet is left.

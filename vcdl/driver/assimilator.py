@@ -110,6 +110,14 @@ def merge_attempt(
     cache = cache if cache is not None else head_cache(cfg)
     timings: dict[str, float] = {}
     attempt = ledger.get_attempt(attempt_id)
+    if attempt.state == "duplicate":
+        # Its own finish found the subtask merged by another attempt (the
+        # ledger records that at once, vcdl/ledger/work.py): what a merge that
+        # lost the race says, and its result is dead weight.
+        if attempt.result_uri is not None:
+            store.delete(attempt.result_uri)
+        why = attempt.reason or "subtask already merged"
+        return MergeOutcome(attempt_id, "duplicate", reason=why, timings=timings)
     if attempt.state not in MERGEABLE_ATTEMPT_STATES or attempt.result_uri is None:
         return MergeOutcome(attempt_id, "skipped", reason=f"attempt is {attempt.state}")
 

@@ -58,6 +58,14 @@ from vcdl.states import (
     sources,
 )
 
+MERGED_BY_ANOTHER: Final = "by another attempt; this result came in after it"
+"""The end of a result's reason when its own finish records it a duplicate."""
+
+MERGE_DUPLICATE_SOURCES: Final = sources(ATTEMPT_MOVES, "duplicate") - {"running"}
+"""Attempt states a merge records as a duplicate of its subtask's version: not a
+running attempt, which has no result yet; its own finish records it so
+(:data:`FINISH_ATTEMPT`), and a duplicate cannot record its end any more."""
+
 if TYPE_CHECKING:
     # Imported where a PostgreSQL ledger is opened: psycopg is the optional
     # ``postgres`` extra, and an SQLite ledger must not need it.
@@ -135,14 +143,33 @@ RETURNING subtask_id, number, base_version
 # Sets the outcome; a NULL parameter keeps the column's value. One statement
 # text whatever the caller gives, so one prepared statement. No row: no such
 # attempt, or its state is not one of %(sources)s (the lifecycle's, vcdl.states).
-FINISH_ATTEMPT: Final = """
+# A result (%(state)s finished or interrupted) whose subtask another attempt
+# merged already is recorded as a duplicate instead, in this statement: after
+# the run's last settle nobody else would. The subtask's row is read FOR SHARE
+# (only for a result): a merge of it in progress, which holds the row, is
+# waited for and its outcome read; a merge that comes later waits for this
+# statement, and its epoch's settle then finds the result. Read by id and then
+# tested, not filtered by merged_version: a row the snapshot shows unmerged
+# would be skipped without waiting for its lock.
+_FINISH_ATTEMPT = """
+WITH merged AS MATERIALIZED (
+    SELECT subtask.merged_version AS number FROM subtask
+    WHERE subtask.id = (SELECT subtask_id FROM attempt WHERE id = %(id)s)
+      AND %(state)s::varchar IN {mergeable}
+    FOR SHARE
+)
 UPDATE attempt
-SET state = %(state)s, finished_at = %(now)s::timestamptz,
+SET state = CASE WHEN (SELECT number FROM merged) IS NULL THEN %(state)s::varchar
+                 ELSE 'duplicate' END,
+    finished_at = %(now)s::timestamptz,
     result_uri = COALESCE(%(result_uri)s::varchar, result_uri),
     samples = COALESCE(%(samples)s::integer, samples),
     loss = COALESCE(%(loss)s::float8, loss),
     train_seconds = COALESCE(%(train_seconds)s::float8, train_seconds),
-    reason = COALESCE(%(reason)s::varchar, reason),
+    reason = CASE WHEN (SELECT number FROM merged) IS NULL
+                  THEN COALESCE(%(reason)s::varchar, reason)
+                  ELSE 'subtask already merged as v' || (SELECT number FROM merged)
+                       || ' {by_another}' END,
     timings = COALESCE(%(timings)s::varchar, timings),
     data_bytes = COALESCE(%(data_bytes)s::bigint, data_bytes),
     data_requests = COALESCE(%(data_requests)s::integer, data_requests),
@@ -150,6 +177,9 @@ SET state = %(state)s, finished_at = %(now)s::timestamptz,
 WHERE id = %(id)s AND state = ANY(%(sources)s)
 RETURNING {columns}
 """
+FINISH_ATTEMPT: Final = _FINISH_ATTEMPT.replace(
+    "{mergeable}", _sql_list(MERGEABLE_ATTEMPT_STATES)
+).replace("{by_another}", MERGED_BY_ANOTHER)
 
 # The run's head version row; none: no such run (or an inconsistent ledger).
 HEAD: Final = """
@@ -226,7 +256,7 @@ LEFT JOIN version AS head
 COMMIT_MERGE: Final = (
     _COMMIT_MERGE.replace("{mergeable}", _sql_list(MERGEABLE_ATTEMPT_STATES))
     .replace("{merge_sources}", _sql_list(sources(SUBTASK_MOVES, "merged")))
-    .replace("{duplicate_sources}", _sql_list(sources(ATTEMPT_MOVES, "duplicate")))
+    .replace("{duplicate_sources}", _sql_list(MERGE_DUPLICATE_SOURCES))
 )
 # Columns of COMMIT_MERGE before the head version's.
 COMMIT_MERGE_FIELDS: Final = 7

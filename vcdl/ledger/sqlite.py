@@ -23,21 +23,22 @@ from sqlalchemy import (
 )
 
 from vcdl.ledger.models import Version
+from vcdl.ledger.pg import MERGE_DUPLICATE_SOURCES
 from vcdl.ledger.rows import ATTEMPT as _ATT
 from vcdl.ledger.rows import RUN as _RUN
 from vcdl.ledger.rows import SUBTASK as _SUB
 from vcdl.ledger.rows import VERSION as _VER
 from vcdl.states import (
-    ATTEMPT_MOVES,
     MERGEABLE_ATTEMPT_STATES,
     SUBTASK_MOVES,
     TERMINAL_SUBTASK_STATES,
     sources,
 )
 
-# Subtask states a merge may start from, and attempt states a duplicate may.
+# Subtask states a merge may start from, and attempt states a merge records
+# as a duplicate (not a running one: its own finish does, vcdl.ledger.pg).
 MERGE_SOURCES: Final = sources(SUBTASK_MOVES, "merged")
-DUPLICATE_SOURCES: Final = sources(ATTEMPT_MOVES, "duplicate")
+DUPLICATE_SOURCES: Final = MERGE_DUPLICATE_SOURCES
 
 
 def start_attempt_row(

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 from uuid import uuid4
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, String, case, cast, func, literal, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -34,6 +34,7 @@ from vcdl.ledger.models import (
     Subtask,
 )
 from vcdl.ledger.pg import (
+    MERGED_BY_ANOTHER,
     START_ATTEMPT,
 )
 from vcdl.ledger.rows import load, many, one
@@ -43,12 +44,38 @@ from vcdl.ledger.sqlite import (
 from vcdl.states import (
     ATTEMPT_MOVES,
     ATTEMPT_STATES,
+    MERGEABLE_ATTEMPT_STATES,
     SUBTASK_MOVES,
     SUBTASK_STATES,
     check_attempt_move,
     check_subtask_move,
     sources,
 )
+
+
+def _duplicate_if_merged(state: str, reason: str | None) -> dict[str, Any]:
+    """The state and reason of a result that may come in after its subtask was merged.
+
+    What :data:`vcdl.ledger.pg.FINISH_ATTEMPT` sets on PostgreSQL's fast path,
+    for SQLAlchemy: a correlated read of the subtask's merged version, FOR
+    SHARE on PostgreSQL (a fenced ledger) and inside SQLite's write lock.
+    """
+    merged = (
+        select(_SUB.c.merged_version)
+        .where(_SUB.c.id == _ATT.c.subtask_id)
+        .with_for_update(read=True)
+        .scalar_subquery()
+    )
+    why = (
+        literal("subtask already merged as v")
+        + cast(merged, String)
+        + literal(f" {MERGED_BY_ANOTHER}")
+    )
+    kept = _ATT.c.reason if reason is None else literal(reason, String)
+    return {
+        "state": case((merged.is_(None), literal(state, String)), else_=literal("duplicate")),
+        "reason": case((merged.is_(None), kept), else_=why),
+    }
 
 
 class WorkQueries(LedgerBase):
@@ -343,7 +370,13 @@ class WorkQueries(LedgerBase):
         now: datetime,
         allowed_from: frozenset[str],
     ) -> Attempt | str:
-        """Set the attempt's end if its state is one of ``allowed_from``; else its state."""
+        """Set the attempt's end if its state is one of ``allowed_from``; else its state.
+
+        A result (``state`` finished or interrupted) of a subtask that another
+        attempt merged already is recorded as "duplicate" instead, in the same
+        statement (:data:`vcdl.ledger.pg.FINISH_ATTEMPT` says how it cannot
+        miss a merge under way).
+        """
         if self._pg is not None:
             params = dict(given) | {
                 "id": attempt_id,
@@ -356,10 +389,13 @@ class WorkQueries(LedgerBase):
                 return _ATTEMPT_ROW.load(row)
             return self.get_attempt(attempt_id).state  # raises if there is no such attempt
         values = {k: v for k, v in given.items() if v is not None}
+        values |= {"state": state, "finished_at": now}
+        if state in MERGEABLE_ATTEMPT_STATES:
+            values |= _duplicate_if_merged(state, given.get("reason"))
         stmt = (
             update(_ATT)
             .where(_ATT.c.id == attempt_id, _ATT.c.state.in_(sorted(allowed_from)))
-            .values(values | {"state": state, "finished_at": now})
+            .values(values)
             .returning(_ATT)
         )
 

@@ -7,10 +7,12 @@ means the run is sound.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Mapping
 
 from vcdl.errors import StoreError
+from vcdl.ledger import Attempt, Subtask
 from vcdl.runtime import RunRef
-from vcdl.states import BARRIER_SUBTASK_STATES
+from vcdl.states import BARRIER_SUBTASK_STATES, MERGEABLE_ATTEMPT_STATES
 
 
 def audit_run(ref: RunRef, deep: bool = False) -> list[str]:
@@ -19,7 +21,8 @@ def audit_run(ref: RunRef, deep: bool = False) -> list[str]:
     Checks: the head is a complete, checksummed version; the version chain is
     gap-free with lineage recorded; every subtask of a completed epoch was
     merged exactly once or recorded as dropped/failed; merged attempts and
-    subtasks agree with the versions. ``deep`` also verifies every kept
+    subtasks agree with the versions; a completed run holds no result
+    nobody settled (:func:`unsettled_results`). ``deep`` also verifies every kept
     version's checksums (reads all weights). A version pruned by the retention
     policy keeps its lineage, which is checked as any other; its weights are
     absent by design, never a violation (bytes a killed ``vcdl gc`` left
@@ -71,6 +74,8 @@ def audit_run(ref: RunRef, deep: bool = False) -> list[str]:
             problems.append(f"epoch {s.epoch} shard {s.shard} is '{s.state}' in a completed epoch")
         if s.state == "merged" and per_subtask[s.id] != 1:
             problems.append(f"epoch {s.epoch} shard {s.shard} is 'merged' without one version")
+    if run.state == "completed":
+        problems += unsettled_results(attempts.values(), subtasks)
     merged_attempts = Counter(a.subtask_id for a in attempts.values() if a.state == "merged")
     for sid, n in merged_attempts.items():
         if n > 1:
@@ -85,4 +90,27 @@ def audit_run(ref: RunRef, deep: bool = False) -> list[str]:
                     problems.append(f"v{v.number}: checksum differs from the ledger's")
             except StoreError as exc:
                 problems.append(f"v{v.number}: {exc}")
+    return problems
+
+
+def unsettled_results(
+    attempts: Iterable[Attempt], subtasks: Mapping[int | None, Subtask]
+) -> list[str]:
+    """Results of a completed run still waiting for a merge their subtask had from another
+    attempt: nobody will record them as duplicates any more.
+
+    The ledger records such a result a duplicate when it comes in
+    (vcdl/ledger/work.py), and the driver's settle at each barrier one whose
+    subtask was merged after it came in; so only a ledger written by an older
+    vcdl, or a settle that went wrong, has them. ``subtasks`` by id.
+    """
+    problems: list[str] = []
+    for a in attempts:
+        sub = subtasks.get(a.subtask_id)
+        if a.state in MERGEABLE_ATTEMPT_STATES and sub is not None and sub.state == "merged":
+            problems.append(
+                f"attempt {a.id} (epoch {a.epoch} shard {a.shard}) is '{a.state}', but its "
+                f"subtask was merged as v{sub.merged_version} from another attempt: a result "
+                "nobody settled (not recorded as a duplicate)"
+            )
     return problems

@@ -22,6 +22,7 @@ each added a step to the hot path; next to split out: the shard's rows
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -519,7 +520,7 @@ def run_attempt(
 
         t = time.perf_counter()
         state = "interrupted" if result.interrupted else "finished"
-        ledger.finish_attempt(
+        recorded = ledger.finish_attempt(
             attempt.id,
             state=state,
             result_uri=path,
@@ -537,7 +538,14 @@ def run_attempt(
             written_bytes=written.bytes,
         )
         timings["record"] = time.perf_counter() - t
-        runtime.unmerged[ref.run] = attempt.id
+        if recorded.state == "duplicate":
+            # Another attempt's result of this subtask was merged first: the
+            # ledger recorded this one a duplicate, nobody will read it (`vcdl
+            # gc` deletes it if this cannot). The driver's merge says duplicate.
+            with contextlib.suppress(StoreError):
+                store.delete(path)
+        else:
+            runtime.unmerged[ref.run] = attempt.id
         # The result supersedes the checkpoints it grew from.
         if own_checkpoint:
             drop_checkpoint(ref, attempt.id)
