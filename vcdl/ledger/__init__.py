@@ -5,8 +5,9 @@ the queries (:class:`.queries.Ledger` in :mod:`.queries`, built from :mod:`.base
 :mod:`.runs`, :mod:`.work`, :mod:`.versions` and :mod:`.decisions`: the driver's
 decisions about a subtask its attempts cannot show), the merge's at-most-once
 step (:mod:`.merging`; SQLite's and PostgreSQL's paths in :mod:`.sqlite`,
-:mod:`.pg`), the database plumbing (:mod:`.engine`, :mod:`.retry`, :mod:`.pgsession`;
-a PostgreSQL commit lost on the way resolved by :mod:`.outcome`), the driver lease's fencing of writes (:mod:`.fence`), the refusal of someone
+:mod:`.pg`), the database plumbing (:mod:`.engine`, :mod:`.retry`,
+:mod:`.pgsession`; a PostgreSQL commit lost on the way resolved by
+:mod:`.outcome`), the driver lease's fencing of writes (:mod:`.fence`), the refusal of someone
 else's database before anything is written to it (:mod:`.foreign`) and the
 schema migrations (:mod:`.migrations`).
 """
