@@ -18,7 +18,8 @@ from vcdl.data import import_text, read_arrays
 from vcdl.driver.runs import prepare_run
 from vcdl.objectives import Batch, CausalLM
 from vcdl.runtime import open_store
-from vcdl.worker.attempt import load_shard, run_attempt
+from vcdl.worker.attempt import run_attempt
+from vcdl.worker.shard_data import load_shard
 
 
 def test_tokens_stay_uint8_until_the_objective_forms_the_batch(

@@ -29,8 +29,9 @@ from vcdl.ledger import attempt_timings
 from vcdl.runtime import RunRef
 from vcdl.types import StateDict
 from vcdl.views.audit import audit_run
-from vcdl.worker.attempt import NET_WAIT_KEY, run_attempt
+from vcdl.worker.attempt import run_attempt
 from vcdl.worker.basecache import OVERLAP_ENV
+from vcdl.worker.baseread import NET_WAIT_KEY
 from vcdl.worker.runtime import WorkerRuntime
 
 

@@ -14,7 +14,8 @@ import torch
 from tests.integration.test_failure_modes import make_run
 from vcdl.runtime import RunRef
 from vcdl.types import StateDict
-from vcdl.worker.attempt import load_shard, run_attempt
+from vcdl.worker.attempt import run_attempt
+from vcdl.worker.shard_data import load_shard
 
 
 def _result(ref: RunRef, attempt_id: str | None) -> StateDict:

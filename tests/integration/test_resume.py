@@ -24,14 +24,16 @@ from vcdl.driver.assimilator import merge_attempt
 from vcdl.driver.runs import prepare_run
 from vcdl.ledger import Attempt
 from vcdl.runtime import RunRef
-from vcdl.worker.attempt import attempt_seed, load_shard, run_attempt
+from vcdl.worker.attempt import attempt_seed, run_attempt
 from vcdl.worker.loop import train_attempt
+from vcdl.worker.shard_data import load_shard
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.alone]
 
 WORKER = """
 import sys
-from vcdl.worker.attempt import attempt_seed, load_shard, run_attempt
+from vcdl.worker.attempt import attempt_seed, run_attempt
+from vcdl.worker.shard_data import load_shard
 from vcdl.runtime import RunRef
 from vcdl.worker.loop import train_attempt
 run_attempt(RunRef.model_validate_json(sys.argv[1]), 0, 0)

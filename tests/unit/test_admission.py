@@ -219,8 +219,8 @@ def test_an_evaluation_is_gated_by_the_model_an_attempt_read_here() -> None:
     import torch
 
     from vcdl.config import parse_config
-    from vcdl.worker.attempt import ShardData
     from vcdl.worker.readahead import attempt_need, evaluation_need
+    from vcdl.worker.shard_data import ShardData
 
     assert evaluation_bytes(100 * MB) == 200 * MB
     run = "eval-need-test"

@@ -1,6 +1,6 @@
 """One attempt trained again on this machine's CPU, as its worker trained it.
 
-The worker's own code does the training (:func:`vcdl.worker.attempt.load_shard`
+The worker's own code does the training (:func:`vcdl.worker.shard_data.load_shard`
 for the shard's rows and a fresh model, :func:`vcdl.worker.loop.train_attempt`
 for the loop), from the start the plan gives (a version, a checkpoint
 re-made, EASGD's variable pulled towards the base), with the recorded seed,
@@ -24,8 +24,8 @@ from vcdl.merge.rules import rule_of
 from vcdl.replay.plan import NotReplayable, Training
 from vcdl.runtime import RunRef
 from vcdl.types import StateDict
-from vcdl.worker.attempt import load_shard
 from vcdl.worker.loop import TrainResult, train_attempt
+from vcdl.worker.shard_data import load_shard
 
 
 def batch_ends(n: int, local_epochs: int, batch_size: int, start: int = 0) -> list[int]:

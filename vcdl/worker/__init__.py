@@ -7,7 +7,9 @@ read, train, write, record), :mod:`.loop` (the training loop and
 evaluation), :mod:`.checkpoints`, :mod:`.slots`, :mod:`.admission` (start an
 attempt only while it fits in memory), :mod:`.preemption` (notices),
 :mod:`.cloud_notice` (notices from a cloud's metadata service),
-:mod:`.basecache` (base weights read in the background, a pinned one kept),
+:mod:`.shard_data` (an attempt's rows and fresh model), :mod:`.baseread`
+(where an attempt's base comes from), :mod:`.basecache` (base weights read
+in the background, a pinned one kept),
 :mod:`.allocator` (glibc thresholds), :mod:`.speed` (emulated compute
 speeds), :mod:`.replay_inputs` (what a replay needs of an attempt, recorded
 before it trains).

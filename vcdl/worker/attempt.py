@@ -15,9 +15,8 @@ in the :class:`~vcdl.worker.runtime.WorkerRuntime` handed to it; the worker
 process's training slots and its wait for its own last merge are
 :mod:`vcdl.worker.slots`.
 
-Over 500 lines (about 580) since this stop's throughput plan and network overlap
-each added a step to the hot path; next to split out: the shard's rows
-(``load_shard``, ``ShardData``) and the base read (``start_base_read``).
+The shard's rows and model are :mod:`vcdl.worker.shard_data`'s, the base
+weights' read :mod:`vcdl.worker.baseread`'s.
 """
 
 from __future__ import annotations
@@ -32,29 +31,26 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import torch
-from torch import nn
 
 from vcdl.config import RunConfig
-from vcdl.data import open_dataset, read_arrays, shard_indices, stream_rows
-from vcdl.data.stream import ByteCounter, ShardStream
+from vcdl.data.stream import ByteCounter
 from vcdl.driver.merge_plan import SIZE_SHARE
-from vcdl.driver.throughput import planned_sizes, share_of
 from vcdl.errors import StoreError
 from vcdl.ledger import Attempt
 from vcdl.merge.codec import encode
 from vcdl.merge.rules import rule_of
-from vcdl.models import build_model
-from vcdl.objectives import Objective, objective_for
 from vcdl.runtime import RunRef
 from vcdl.states import RESUMABLE_ATTEMPT_STATES, TERMINAL_SUBTASK_STATES
 from vcdl.store import WeightStore
 from vcdl.store.paths import checkpoint_path, result_path
 from vcdl.types import StateDict
-from vcdl.worker.basecache import BaseRead, overlap_enabled
+from vcdl.worker.basecache import overlap_enabled
+from vcdl.worker.baseread import NET_WAIT_KEY, start_base_read
 from vcdl.worker.checkpoints import FAILURES_KEY, CheckpointWriter
 from vcdl.worker.loop import train_attempt
 from vcdl.worker.replay_inputs import replay_inputs
 from vcdl.worker.runtime import CARRIED_FROM, WorkerRuntime, current_runtime
+from vcdl.worker.shard_data import ShardData, load_shard
 from vcdl.worker.slots import await_own_merge
 from vcdl.worker.speed import SPEED_KEY, WAIT_KEY, speed_of
 
@@ -122,77 +118,6 @@ def _unmerged_result(store: WeightStore, earlier: list[Attempt]) -> AttemptOutco
     return None
 
 
-@dataclass
-class ShardData:
-    """What an attempt trains on apart from the weights: its rows and a fresh model."""
-
-    key: tuple[str, int, int]
-    """(run, epoch, shard) the rows belong to."""
-    arrays: dict[str, np.ndarray] | ShardStream
-    """The shard's rows, by field, in their stored dtypes; or, for a split larger than
-    ``data.cache_mb``, a stream that reads them block by block as training goes."""
-    model: nn.Module
-    objective: Objective
-    seconds: float
-    """Time it took to read the rows and build the model."""
-    counter: ByteCounter = field(default_factory=ByteCounter)
-    """Bytes fetched from the store for these rows (a stream's grow as it is read)."""
-    size_share: float | None = None
-    """Under a throughput plan, the shard's rows over the epoch's mean shard's: what
-    its result weighs in the merge (:func:`vcdl.driver.merge_plan.blend_of`)."""
-
-
-def load_shard(ref: RunRef, epoch: int, shard: int, config: RunConfig | None = None) -> ShardData:
-    """Read subtask (run, epoch, shard)'s training rows and build its model.
-
-    Nothing here depends on the head: a worker's spare Dask thread calls this
-    while the worker's previous attempt still trains, so the next attempt's
-    critical path starts at the claim (only the base weights must be read
-    after it, to be the freshest head). Costs one shard's rows of memory
-    more while the two overlap. A split larger than ``data.cache_mb`` is
-    not read here: the stream reads its chunks while the attempt trains.
-    """
-    t = time.perf_counter()
-    store = ref.store()
-    cfg = config if config is not None else ref.config()
-    info = open_dataset(store, cfg.data.name)
-    objective = objective_for(cfg.train, cfg.data.fields)
-    split = info.splits["train"]
-    block = split.rows_per_chunk if cfg.data.plan == "blocks" else None
-    sizes = planned_sizes(ref, cfg, epoch)
-    rows = shard_indices(
-        info.n_train, cfg.data.shards, cfg.run.seed, epoch, shard, block=block, sizes=sizes
-    )
-    fields = objective.fields or None
-    budget = cfg.data.cache_mb << 20
-    decoded = split.rows * sum(
-        a.row_bytes for f, a in split.arrays.items() if f in (fields or split.arrays)
-    )
-    arrays: dict[str, np.ndarray] | ShardStream
-    if decoded <= budget:
-        # Small data: the split is decoded once per process and indexed in memory.
-        counter = ByteCounter()
-        arrays = read_arrays(
-            store, cfg.data.name, "train", rows, fields=fields, cache_bytes=budget, counter=counter
-        )
-    else:
-        # Larger than the cache: read block by block while training, never whole.
-        arrays = stream_rows(store, cfg.data.name, "train", rows, fields=fields)
-        counter = arrays.counter
-    model = build_model(
-        cfg.model.factory, cfg.model.kwargs, hints=info.factory_hints(cfg.data.fields.get("x", "x"))
-    )
-    return ShardData(
-        (ref.run, epoch, shard),
-        arrays,
-        model,
-        objective,
-        time.perf_counter() - t,
-        counter,
-        share_of(sizes, shard),
-    )
-
-
 def state_bytes(state: StateDict) -> int:
     """Bytes of a state dict's tensors: what writing it stores, before any codec's framing."""
     return sum(t.numel() * t.element_size() for t in state.values())
@@ -241,43 +166,6 @@ def _close_writer(writer: CheckpointWriter, timings: dict[str, float]) -> None:
         timings[FAILURES_KEY] = float(writer.failed)
     if waited > 0.001:
         timings["checkpoint_wait"] = waited
-
-
-NET_WAIT_KEY = "net_wait"
-"""The key of an attempt's ``timings`` for the seconds it waited on the store, holding its
-training slot, for its base and its result: part of ``read`` and ``write``, not a phase
-beside them (a result written after the slot was handed on is no wait of the worker's)."""
-
-
-def start_base_read(
-    ref: RunRef,
-    runtime: WorkerRuntime,
-    version: int,
-    pinned: bool,
-    overlap: bool,
-    owner: tuple[str, int, int] | None = None,
-) -> tuple[BaseRead, bool]:
-    """The read of ``ref``'s version ``version`` as the base of attempt ``owner`` (run,
-    epoch, shard), checked against the ledger's checksum: in the background (kept when
-    ``pinned``), or, without ``overlap``, done here and now as it always was; and whether
-    this call started it (not kept)."""
-    row = ref.ledger(fenced=False).get_version(ref.run, version)
-    store = ref.store()
-
-    def read() -> StateDict:
-        # Against the ledger's checksum, not only the group's own.
-        return store.read_state(row.uri, expect=row.checksum)
-
-    key = (ref.run, version, row.uri, row.checksum)
-    if overlap:
-        return runtime.bases.start(key, read, pinned, owner)
-    done = BaseRead(key, owner)
-    t = time.perf_counter()
-    try:
-        done.future.set_result(read())
-    finally:
-        done.read_seconds = time.perf_counter() - t
-    return done, True
 
 
 def run_attempt(

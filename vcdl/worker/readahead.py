@@ -25,17 +25,12 @@ from typing import Any
 from vcdl.config import RunConfig
 from vcdl.runtime import RunRef
 from vcdl.worker.admission import admitted, attempt_bytes, evaluation_bytes
-from vcdl.worker.attempt import (
-    ShardData,
-    load_shard,
-    run_attempt,
-    start_base_read,
-    state_bytes,
-    worker_name,
-)
+from vcdl.worker.attempt import run_attempt, state_bytes, worker_name
 from vcdl.worker.basecache import overlap_enabled
+from vcdl.worker.baseread import start_base_read
 from vcdl.worker.preemption import preempted_result
 from vcdl.worker.runtime import WorkerRuntime
+from vcdl.worker.shard_data import ShardData, load_shard
 
 log = logging.getLogger(__name__)
 
