@@ -520,6 +520,34 @@ def test_tensors_spanning_chunks(
     assert "'small'" not in str(info.value)
 
 
+def test_a_verified_read_in_pieces_smaller_than_a_chunk(
+    store: WeightStore, backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A local disk's verified read reads and hashes each tensor a piece at a
+    # time (store_files.PIECE_BYTES): pieces that do not divide the chunks,
+    # tensors that begin mid-chunk and span several, two dtypes.
+    monkeypatch.setattr(store_layout, "CHUNK_BYTES", 64)  # 16 float32 per chunk
+    monkeypatch.setattr(store_files, "PIECE_BYTES", 24)
+    state = {
+        "small": torch.arange(3.0),
+        "long": torch.randn(50),  # from byte 12 of the first chunk, across four
+        "n": torch.tensor(7),
+        "d": torch.randn(11, dtype=torch.float64),
+    }
+    store.write_state("v", state)
+    assert_same_state(store.read_state("v"), state)
+    assert_same_state(store.reader("v").read(["d", "long"]), {k: state[k] for k in ("d", "long")})
+    # A byte inside a piece of "long" in its second chunk: named, nothing else.
+    prefix, index = chunk_key(store, "v", "long")[0].rsplit(".", 1)
+    second = f"{prefix}.{int(index) + 1}"
+    raw = bytearray(backend.read_raw(second))
+    raw[29] ^= 0x10
+    backend.write_raw(second, bytes(raw))
+    with pytest.raises(IntegrityError, match="checksum mismatch in tensor 'long'"):
+        store.read_state("v")
+    assert_same_state(store.reader("v").read(["d", "small"]), {k: state[k] for k in ("d", "small")})
+
+
 def test_padding_of_the_last_chunk_is_checked(
     store: WeightStore, backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:

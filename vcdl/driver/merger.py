@@ -7,7 +7,8 @@ version being written, the shared buffers) and its range's pieces
 the same :func:`~vcdl.driver.streamed.chain` as one merger over the range's
 batches, copies this range's elements into the shared new weights (and
 rule state), writes the range's chunks as they fill and hashes the tensors
-wholly inside it, in a writer thread beside the chain.
+wholly inside it, in a writer thread beside the chain (the hashing in a
+thread of its own, while the chunks are written).
 
 A tensor that crosses a boundary is merged by each merger over the rows
 holding its part, and only its part is kept. Its checksum covers all of
@@ -25,6 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -136,15 +138,18 @@ def _merge(job: Job, index: int, pieces: list[Piece], groups: Groups) -> Report:
     def write(item: tuple[list[Part], list[Part]]) -> None:
         t = time.perf_counter()
         parts, done = item
+        # The finished tensors hashed in a thread while their chunks are written
+        # (hashlib and the writes release the GIL): the write stage costs about
+        # max(hash, write), not their sum. Their bytes are final (emit copied them).
+        hashed = hashing.submit(_digests_of, [p.name for p in done], shared, job.version.uri)
         chunks.advance(parts)
-        for p in done:
-            report.checksums[p.name] = digest_of(p.name, shared[p.name], job.version.uri)
+        report.checksums.update(hashed.result())
         busy["write"] += time.perf_counter() - t
 
     if BEFORE_BATCH is not None:
         BEFORE_BATCH(index, 0)
     try:
-        with Stage(write, depth=2) as writing:
+        with ThreadPoolExecutor(1, "vcdl-merge-hash") as hashing, Stage(write, depth=2) as writing:
             chained = chain(
                 rule, head, mine, plan, emit, state=state, out=into, busy=busy, norm_of=norm_of
             )
@@ -250,6 +255,10 @@ def _reopen(step: Step, groups: Groups, split: set[str]) -> Step:
     else:
         result = source(result)
     return Step(result, step.alpha, base)
+
+
+def _digests_of(names: list[str], state: StateDict, uri: str) -> dict[str, str]:
+    return {n: digest_of(n, state[n], uri) for n in names}
 
 
 def digest_of(name: str, tensor: torch.Tensor, uri: str) -> str:

@@ -3,7 +3,8 @@
 This module owns the system calls of :class:`vcdl.store.WeightStore` on a
 local directory: a chunk is written from the tensors' own memory with
 ``writev`` and read straight into the destination tensors with ``preadv``
-(no intermediate bytes objects, no second copy). Each function is meant to
+(no intermediate bytes objects, no second copy); a verified read hashes each
+piece right after reading it (:func:`read_verified`). Each function is meant to
 run in a worker thread; the calls release the GIL. Plain writes, no fsync or
 rename: the group's ``zarr.json``, written last, is the commit point, and a
 crash before it leaves an orphan (see :mod:`vcdl.store`).
@@ -11,11 +12,12 @@ crash before it leaves an orphan (see :mod:`vcdl.store`).
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from vcdl.errors import IntegrityError
-from vcdl.store.layout import ChunkRead
+from vcdl.store.layout import ChunkRead, ReadTensor, corrupt
 
 # Linux's IOV_MAX; a chunk of many tiny tensors has more pieces than that.
 _IOV_MAX = 1024
@@ -43,10 +45,7 @@ def write_chunk(path: str, views: Sequence[memoryview]) -> None:
 
 def read_chunk(path: str, chunk: ChunkRead, uri: str, verify: bool) -> None:
     """Read one chunk file into its destination tensors; check its size (and padding)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except (FileNotFoundError, NotADirectoryError):
-        raise IntegrityError(f"{uri}: {chunk.describe()} is missing (torn group)") from None
+    fd = _open(path, chunk, uri)
     try:
         chunk.check_size(os.fstat(fd).st_size, uri)
         for at, views in chunk.runs():
@@ -55,6 +54,63 @@ def read_chunk(path: str, chunk: ChunkRead, uri: str, verify: bool) -> None:
             chunk.check_padding(os.pread(fd, chunk.array.chunk_bytes, chunk.pad_from), uri)
     finally:
         os.close(fd)
+
+
+PIECE_BYTES = 256 << 10
+"""Bytes read, then hashed at once while still in the core's cache. Measured here
+(2026-11-29, 2 MiB of L2 a core): SHA-256 at 1.1 GB/s over 64 MB written long before,
+2.0 GB/s over 4 MB just touched; reading and verifying a 400-MB result took 0.60 s
+of CPU hashed after the reads, 0.54 s in 1-MiB pieces, 0.49 s in 256-KiB ones."""
+
+
+def read_verified(
+    root: str, tensors: Sequence[ReadTensor], chunks: Mapping[tuple[str, int], ChunkRead], uri: str
+) -> None:
+    """Read ``tensors`` from the chunk files under ``root`` and check them against their
+    checksums (None: not checked), each in order a piece at a time, every piece hashed
+    right after it is read. ``chunks``: the plan's, by array and index (for the checks
+    and messages of :func:`read_chunk`)."""
+    layouts = {node: c.array for (node, _), c in chunks.items()}
+    for t in tensors:
+        hasher = hashlib.sha256() if t.checksum is not None else None
+        pos, n = 0, t.data.nbytes
+        while pos < n:
+            layout = layouts[t.array]
+            j, at = divmod(t.offset * layout.itemsize + pos, layout.chunk_bytes)
+            take = min(n - pos, layout.chunk_bytes - at)
+            chunk = chunks[(t.array, j)]
+            fd = _open(os.path.join(root, chunk.key), chunk, uri)
+            try:
+                chunk.check_size(os.fstat(fd).st_size, uri)
+                for q in range(pos, pos + take, PIECE_BYTES):
+                    piece = t.data[q : min(q + PIECE_BYTES, pos + take)]
+                    _preadv_all(fd, [piece], at + q - pos, chunk, uri)
+                    if hasher is not None:
+                        hasher.update(piece)
+            finally:
+                os.close(fd)
+            pos += take
+        if hasher is not None and hasher.hexdigest() != t.checksum:
+            raise corrupt(uri, t.name, t.array, t.offset)
+
+
+def check_chunk(path: str, chunk: ChunkRead, uri: str) -> None:
+    """A chunk's size and padding (zeros after the array's last byte), as :func:`read_chunk`
+    checks them, without reading its pieces."""
+    fd = _open(path, chunk, uri)
+    try:
+        chunk.check_size(os.fstat(fd).st_size, uri)
+        if chunk.pad_from is not None and chunk.pad_from < chunk.array.chunk_bytes:
+            chunk.check_padding(os.pread(fd, chunk.array.chunk_bytes, chunk.pad_from), uri)
+    finally:
+        os.close(fd)
+
+
+def _open(path: str, chunk: ChunkRead, uri: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        raise IntegrityError(f"{uri}: {chunk.describe()} is missing (torn group)") from None
 
 
 def _preadv_all(fd: int, views: list[memoryview], at: int, chunk: ChunkRead, uri: str) -> None:

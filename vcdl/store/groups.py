@@ -29,7 +29,7 @@ import contextlib
 import functools
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from zarr.core.buffer import Buffer
@@ -160,10 +160,28 @@ class Groups(Backend):
         self._parents_known.add(parent)
 
     async def put_chunks(
+        self,
+        rel: str,
+        chunks: Sequence[tuple[str, Sequence[memoryview]]],
+        hashing: Sequence[Callable[[], list[str]]] = (),
+    ) -> list[str]:
+        """Write chunks of the group at ``rel`` (after :meth:`begin`): per chunk, its key
+        under ``rel`` (``<array>/c.<j>``) and the buffers that make it up, in order.
+
+        ``hashing``: jobs run in worker threads while the chunks are written
+        (hashlib and the writes release the GIL, so this costs about the longer
+        of the two, not their sum); their results, in order, are returned."""
+        if not hashing:
+            await self._put_chunks(rel, chunks)
+            return []
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._put_chunks(rel, chunks))
+            hashed = tasks.create_task(in_threads(hashing))
+        return [d for batch in hashed.result() for d in batch]
+
+    async def _put_chunks(
         self, rel: str, chunks: Sequence[tuple[str, Sequence[memoryview]]]
     ) -> None:
-        """Write chunks of the group at ``rel`` (after :meth:`begin`): per chunk, its key
-        under ``rel`` (``<array>/c.<j>``) and the buffers that make it up, in order."""
         root = self.local_dir(rel)
         if root is not None:
             await in_threads(
@@ -203,8 +221,28 @@ class Groups(Backend):
 
     async def read_tensors(self, rel: str, uri: str, plan: ReadPlan, verify: bool) -> StateDict:
         """The tensors of ``plan`` (a format 2 group's): every chunk read straight into their
-        memory, then, with ``verify``, each whole tensor checked against its checksum."""
+        memory; with ``verify``, each whole tensor checked against its checksum (on a local
+        disk, as it is read; from a remote store, once its chunks are in)."""
         root = self.local_dir(rel)
+        if root is not None and verify:
+            # Each tensor read in order and hashed a piece at a time, while in the
+            # cache (store_files.read_verified); the last chunks' padding apart.
+            by_key = {(c.array.node, c.index): c for c in plan.chunks}
+            tensors = plan.tensors
+            await in_threads(
+                [
+                    functools.partial(
+                        store_files.read_verified, root, [tensors[i] for i in job], by_key, uri
+                    )
+                    for job in plan.hash_jobs()
+                ]
+                + [
+                    functools.partial(store_files.check_chunk, os.path.join(root, c.key), c, uri)
+                    for c in plan.chunks
+                    if c.pad_from is not None
+                ]
+            )
+            return plan.state()
         if root is not None:
             await in_threads(
                 [

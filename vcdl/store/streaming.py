@@ -13,7 +13,8 @@ batch of tensors at a time (:mod:`vcdl.driver.streamed`).
   state up front (so the packing is that of :func:`~vcdl.store.layout.plan_write`,
   byte for byte), then the tensors in that order, in as many calls as the
   caller likes. Each chunk is written as soon as its bytes are complete,
-  each tensor hashed when it arrives; :meth:`StateWriter.commit` writes the
+  each tensor hashed in a worker thread meanwhile (hashlib and the writes
+  release the GIL: the two overlap); :meth:`StateWriter.commit` writes the
   last chunks and the group document, the commit point, exactly as
   :meth:`WeightStore.write_state` does. A writer that is aborted or dies
   leaves an orphan, never a torn group.
@@ -45,7 +46,7 @@ import asyncio
 import copy
 import hashlib
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -64,10 +65,11 @@ from vcdl.store.layout import (
     combined_checksum,
     consolidated_of,
     corrupt,
-    digest,
+    digest_jobs,
     json_attrs,
     plan_array,
     plan_read,
+    update_job,
 )
 from vcdl.types import StateDict
 
@@ -302,6 +304,7 @@ class StateWriter:
         self._specs = list(specs)
         self._next = 0
         self._checksums: list[str] = []
+        self._unhashed: list[memoryview] = []  # tensors taken, not hashed yet
         self._keep: list[Any] = []  # arrays whose memory the pending pieces view
         self._rows = 0  # write_rows: rows of the next tensor written so far
         self._hasher: Any = None  # and their hash so far
@@ -347,7 +350,7 @@ class StateWriter:
             self._next += 1
             array = bytes_of(name, tensor, self.uri)
             data = array.reshape(-1).view(np.uint8).data
-            self._checksums.append(digest(data))
+            self._unhashed.append(data)  # hashed by _flush, while chunks are written
             if data.nbytes:
                 a = self._arrays[packed.array]
                 self._keep.append(array)
@@ -382,21 +385,24 @@ class StateWriter:
             self._hasher = hashlib.sha256()
         array = bytes_of(name, rows, self.uri)
         data = array.reshape(-1).view(np.uint8).data
-        self._hasher.update(data)
         if data.nbytes:
             a = self._arrays[packed.array]
             at = (packed.offset + self._rows * math.prod(spec.shape[1:])) * a.layout.itemsize
             self._keep.append(array)
             a.pieces.append((at, data))
             a.filled += data.nbytes
+        self._flush(final=False, rows=update_job(self._hasher, data))
         self._rows += rows.shape[0]
         if self._rows == spec.shape[0]:
             self._checksums.append(self._hasher.hexdigest())
             self._next += 1
             self._rows = 0
-        self._flush(final=False)
 
-    def _flush(self, final: bool) -> None:
+    def _flush(self, final: bool, rows: Callable[[], list[str]] | None = None) -> None:
+        """Write the complete chunks while the tensors taken since the last flush are
+        hashed (checksums recorded in order) and ``rows`` continues write_rows' hash."""
+        hashing = digest_jobs(self._unhashed) + ([rows] if rows is not None else [])
+        self._unhashed = []
         jobs: list[tuple[str, list[memoryview]]] = []
         for node, a in self._arrays.items():
             layout = a.layout
@@ -415,8 +421,9 @@ class StateWriter:
                 jobs.append((f"{node}/{layout.chunk_key(j)}", views))
                 a.pieces = _cut(a.pieces, hi, None)
                 a.next_chunk += 1
-        if jobs:
-            self._groups.run(self._groups.put_chunks(self._rel, jobs), "writing", self.uri)
+        if jobs or hashing:
+            put = self._groups.put_chunks(self._rel, jobs, hashing)
+            self._checksums += self._groups.run(put, "writing", self.uri)
         if all(not a.pieces for a in self._arrays.values()):
             self._keep.clear()
 
@@ -430,15 +437,7 @@ class StateWriter:
                 missing[0] += f" (rows {self._rows}.. of {self._specs[self._next].shape[0]})"
             raise StoreError(f"writing {self.uri}: tensors never written: {missing}")
         self._flush(final=True)
-        self._done = True
-        plan = WritePlan(self._packed, {n: a.layout for n, a in self._arrays.items()})
-        doc = plan.group_doc(self._checksums, self._attrs)
-        self._groups.run(self._groups.publish(self._rel, doc), "writing", self.uri)
-        records = {
-            p.name: {"dtype": p.dtype_name, "shape": list(p.shape), "checksum": c}
-            for p, c in zip(self._packed, self._checksums, strict=True)
-        }
-        return combined_checksum(records)
+        return self.publish(self._checksums)  # the same document and checksum
 
     # ---- for writers of parts of the group in other processes (vcdl.driver.sharded)
 
