@@ -22,6 +22,7 @@ from tests.contract.test_store import (
 )
 from vcdl.errors import IntegrityError, StoreError, StoreNotFoundError
 from vcdl.store import WeightStore
+from vcdl.store import files as store_files
 from vcdl.store import layout as store_layout
 from vcdl.store.streaming import batches, read_parts, specs_of, take
 from vcdl.types import StateDict
@@ -77,6 +78,22 @@ def test_a_streamed_group_is_the_group_write_state_writes(
     for name in state:
         key, _ = chunk_key(store, "whole", name)
         assert backend.read_raw(key.replace("whole/", "streamed/", 1)) == backend.read_raw(key)
+
+
+@pytest.mark.parametrize("limit", [300_000, 1 << 30], ids=["300KB", "one"])
+def test_a_streamed_group_hashed_in_small_pieces_is_the_same_group(
+    backend: Backend, store: WeightStore, monkeypatch: pytest.MonkeyPatch, limit: int
+) -> None:
+    # The writer hashes each tensor as its chunks are written, a piece at a
+    # time (store_files.PIECE_BYTES): pieces that divide neither the chunks
+    # nor the tensors give the same checksums and bytes as write_state.
+    monkeypatch.setattr(store_files, "PIECE_BYTES", 1000)
+    state = mixed_state()
+    store.write_state("whole", state, attrs={"n": 1})
+    checksum = _write_streamed(store, "streamed", state, limit)
+    assert checksum == store.checksum("whole")
+    assert backend.read_raw("streamed/zarr.json") == backend.read_raw("whole/zarr.json")
+    assert_same_state(store.read_state("streamed"), state)
 
 
 def test_a_subset_read_equals_the_whole_and_is_verified(

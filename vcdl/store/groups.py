@@ -29,7 +29,7 @@ import contextlib
 import functools
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from zarr.core.buffer import Buffer
@@ -159,29 +159,28 @@ class Groups(Backend):
         await self.store.set_if_not_exists(key, _buffer(_EMPTY_GROUP_DOC))
         self._parents_known.add(parent)
 
-    async def put_chunks(
-        self,
-        rel: str,
-        chunks: Sequence[tuple[str, Sequence[memoryview]]],
-        hashing: Sequence[Callable[[], list[str]]] = (),
-    ) -> list[str]:
-        """Write chunks of the group at ``rel`` (after :meth:`begin`): per chunk, its key
-        under ``rel`` (``<array>/c.<j>``) and the buffers that make it up, in order.
-
-        ``hashing``: jobs run in worker threads while the chunks are written
-        (hashlib and the writes release the GIL, so this costs about the longer
-        of the two, not their sum); their results, in order, are returned."""
-        if not hashing:
-            await self._put_chunks(rel, chunks)
-            return []
+    async def put_hashed(
+        self, rel: str, chunks: Sequence[tuple[str, Sequence[tuple[memoryview, Any]]]]
+    ) -> None:
+        """:meth:`put_chunks`, each buffer with the hasher (or None) of the tensor it is
+        part of, which is fed those bytes in order. On a local disk the chunks are
+        written one after another, a piece at a time, each piece hashed right after
+        it is written, while in the cache (:func:`~vcdl.store.files.write_hashed`);
+        to a remote store they go concurrently while one thread hashes."""
+        root = self.local_dir(rel)
+        if root is not None:
+            jobs = [(os.path.join(root, key), pieces) for key, pieces in chunks]
+            await asyncio.to_thread(store_files.write_hashed, jobs)
+            return
         async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(self._put_chunks(rel, chunks))
-            hashed = tasks.create_task(in_threads(hashing))
-        return [d for batch in hashed.result() for d in batch]
+            tasks.create_task(self.put_chunks(rel, [(k, [v for v, _ in p]) for k, p in chunks]))
+            tasks.create_task(asyncio.to_thread(store_files.feed, [p for _, p in chunks]))
 
-    async def _put_chunks(
+    async def put_chunks(
         self, rel: str, chunks: Sequence[tuple[str, Sequence[memoryview]]]
     ) -> None:
+        """Write chunks of the group at ``rel`` (after :meth:`begin`): per chunk, its key
+        under ``rel`` (``<array>/c.<j>``) and the buffers that make it up, in order."""
         root = self.local_dir(rel)
         if root is not None:
             await in_threads(

@@ -55,7 +55,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,27 +99,6 @@ _NODE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}")
 def digest(data: memoryview) -> str:
     """Hex SHA-256 of a contiguous buffer."""
     return hashlib.sha256(data).hexdigest()
-
-
-def digest_jobs(views: Sequence[memoryview]) -> list[Callable[[], list[str]]]:
-    """Jobs for worker threads that hash ``views``, small ones together (HASH_BATCH_BYTES);
-    their results, concatenated in order, are the views' digests."""
-    jobs = batches([v.nbytes for v in views], HASH_BATCH_BYTES)
-    return [functools.partial(_digests, [views[i] for i in job]) for job in jobs]
-
-
-def _digests(views: Sequence[memoryview]) -> list[str]:
-    return [digest(v) for v in views]
-
-
-def update_job(hasher: Any, data: memoryview) -> Callable[[], list[str]]:
-    """A job for a worker thread that continues ``hasher`` over ``data`` (and returns [])."""
-
-    def update() -> list[str]:
-        hasher.update(data)
-        return []
-
-    return update
 
 
 def combined_checksum(tensors: Mapping[str, Mapping[str, Any]]) -> str:

@@ -13,8 +13,9 @@ batch of tensors at a time (:mod:`vcdl.driver.streamed`).
   state up front (so the packing is that of :func:`~vcdl.store.layout.plan_write`,
   byte for byte), then the tensors in that order, in as many calls as the
   caller likes. Each chunk is written as soon as its bytes are complete,
-  each tensor hashed in a worker thread meanwhile (hashlib and the writes
-  release the GIL: the two overlap); :meth:`StateWriter.commit` writes the
+  and each tensor hashed as its bytes are written (on a local disk a piece
+  at a time, while the write has it in the cache:
+  :meth:`~vcdl.store.groups.Groups.put_hashed`); :meth:`StateWriter.commit` writes the
   last chunks and the group document, the commit point, exactly as
   :meth:`WeightStore.write_state` does. A writer that is aborted or dies
   leaves an orphan, never a torn group.
@@ -32,8 +33,8 @@ store hands them its own (:meth:`~vcdl.store.weights.WeightStore.reader`,
 :meth:`~vcdl.store.weights.WeightStore.writer`).
 
 The writer keeps a reference to each tensor until the chunks holding its
-bytes are written (no copies): at most about one chunk per dtype beyond the
-tensors of the current call.
+bytes are written and hashed (no copies): at most about one chunk per dtype
+beyond the tensors of the current call; those bytes must not change until then.
 
 The reader, the writer and the batch plan are kept together: they are the
 two ends of one streamed format and the plan they both follow; apart, each
@@ -46,7 +47,7 @@ import asyncio
 import copy
 import hashlib
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -65,11 +66,9 @@ from vcdl.store.layout import (
     combined_checksum,
     consolidated_of,
     corrupt,
-    digest_jobs,
     json_attrs,
     plan_array,
     plan_read,
-    update_job,
 )
 from vcdl.types import StateDict
 
@@ -282,7 +281,7 @@ class _Array:
     """One flat array being written: its layout and the bytes not yet in a written chunk."""
 
     layout: ArrayLayout
-    pieces: list[tuple[int, memoryview]]
+    pieces: list[tuple[int, memoryview, Any]]  # (offset, bytes, their tensor's hasher)
     filled: int = 0  # bytes handed over so far
     next_chunk: int = 0
 
@@ -303,8 +302,7 @@ class StateWriter:
         self._attrs = json_attrs(attrs, self.uri)
         self._specs = list(specs)
         self._next = 0
-        self._checksums: list[str] = []
-        self._unhashed: list[memoryview] = []  # tensors taken, not hashed yet
+        self._hashers: list[Any] = []  # each tensor's SHA-256, fed as its chunks are written
         self._keep: list[Any] = []  # arrays whose memory the pending pieces view
         self._rows = 0  # write_rows: rows of the next tensor written so far
         self._hasher: Any = None  # and their hash so far
@@ -350,11 +348,12 @@ class StateWriter:
             self._next += 1
             array = bytes_of(name, tensor, self.uri)
             data = array.reshape(-1).view(np.uint8).data
-            self._unhashed.append(data)  # hashed by _flush, while chunks are written
+            hasher = hashlib.sha256()
+            self._hashers.append(hasher)
             if data.nbytes:
                 a = self._arrays[packed.array]
                 self._keep.append(array)
-                a.pieces.append((packed.offset * a.layout.itemsize, data))
+                a.pieces.append((packed.offset * a.layout.itemsize, data, hasher))
                 a.filled += data.nbytes
         self._flush(final=False)
 
@@ -362,7 +361,7 @@ class StateWriter:
         """The next rows (of the first dimension) of the state's next tensor, ``name``.
 
         A tensor may come in several calls of its rows, in order; it is
-        hashed as they come, its checksum complete with its last row.
+        hashed as they are written, its checksum complete at the commit.
         """
         if self._done:
             raise StoreError(f"writing {self.uri}: the writer is closed")
@@ -383,33 +382,32 @@ class StateWriter:
             )
         if self._rows == 0:
             self._hasher = hashlib.sha256()
+            self._hashers.append(self._hasher)
         array = bytes_of(name, rows, self.uri)
         data = array.reshape(-1).view(np.uint8).data
         if data.nbytes:
             a = self._arrays[packed.array]
             at = (packed.offset + self._rows * math.prod(spec.shape[1:])) * a.layout.itemsize
             self._keep.append(array)
-            a.pieces.append((at, data))
+            a.pieces.append((at, data, self._hasher))
             a.filled += data.nbytes
-        self._flush(final=False, rows=update_job(self._hasher, data))
         self._rows += rows.shape[0]
         if self._rows == spec.shape[0]:
-            self._checksums.append(self._hasher.hexdigest())
             self._next += 1
             self._rows = 0
+        self._flush(final=False)
 
-    def _flush(self, final: bool, rows: Callable[[], list[str]] | None = None) -> None:
-        """Write the complete chunks while the tensors taken since the last flush are
-        hashed (checksums recorded in order) and ``rows`` continues write_rows' hash."""
-        hashing = digest_jobs(self._unhashed) + ([rows] if rows is not None else [])
-        self._unhashed = []
-        jobs: list[tuple[str, list[memoryview]]] = []
+    def _flush(self, final: bool) -> None:
+        """Write the chunks whose bytes are complete, feeding each tensor's hasher
+        with its bytes as they are written (in order: chunks of an array go in
+        order, a tensor lives in one array)."""
+        jobs: list[tuple[str, list[tuple[memoryview, Any]]]] = []
         for node, a in self._arrays.items():
             layout = a.layout
             if final:
                 pad = layout.nchunks * layout.chunk_bytes - layout.data_bytes
                 if pad:
-                    a.pieces.append((layout.data_bytes, memoryview(bytes(pad))))
+                    a.pieces.append((layout.data_bytes, memoryview(bytes(pad)), None))
                     a.filled += pad
             while a.next_chunk < layout.nchunks and a.filled >= (a.next_chunk + 1) * (
                 layout.chunk_bytes
@@ -417,13 +415,12 @@ class StateWriter:
                 j = a.next_chunk
                 lo, hi = j * layout.chunk_bytes, (j + 1) * layout.chunk_bytes
                 # In order and contiguous: tensors arrive in their packing order.
-                views = [v for _, v in _cut(a.pieces, lo, hi)]
+                views = [(v, h) for _, v, h in _cut(a.pieces, lo, hi)]
                 jobs.append((f"{node}/{layout.chunk_key(j)}", views))
                 a.pieces = _cut(a.pieces, hi, None)
                 a.next_chunk += 1
-        if jobs or hashing:
-            put = self._groups.put_chunks(self._rel, jobs, hashing)
-            self._checksums += self._groups.run(put, "writing", self.uri)
+        if jobs:
+            self._groups.run(self._groups.put_hashed(self._rel, jobs), "writing", self.uri)
         if all(not a.pieces for a in self._arrays.values()):
             self._keep.clear()
 
@@ -437,7 +434,8 @@ class StateWriter:
                 missing[0] += f" (rows {self._rows}.. of {self._specs[self._next].shape[0]})"
             raise StoreError(f"writing {self.uri}: tensors never written: {missing}")
         self._flush(final=True)
-        return self.publish(self._checksums)  # the same document and checksum
+        # Every byte is written and hashed: the checksums are complete.
+        return self.publish([h.hexdigest() for h in self._hashers])
 
     # ---- for writers of parts of the group in other processes (vcdl.driver.sharded)
 
@@ -483,13 +481,13 @@ class StateWriter:
 
 
 def _cut(
-    pieces: list[tuple[int, memoryview]], lo: int, hi: int | None
-) -> list[tuple[int, memoryview]]:
-    """The parts of byte ranges ``(offset, view)`` inside ``[lo, hi)`` (hi None: no end)."""
+    pieces: list[tuple[int, memoryview, Any]], lo: int, hi: int | None
+) -> list[tuple[int, memoryview, Any]]:
+    """The parts of byte ranges ``(offset, view, tag)`` inside ``[lo, hi)`` (hi None: no end)."""
     out = []
-    for at, v in pieces:
+    for at, v, tag in pieces:
         end = at + v.nbytes
         start, stop = max(at, lo), end if hi is None else min(end, hi)
         if start < stop:
-            out.append((start, v[start - at : stop - at]))
+            out.append((start, v[start - at : stop - at], tag))
     return out
