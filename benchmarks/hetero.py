@@ -30,7 +30,9 @@ resolved to an epoch's barrier), the fastest worker's busy fraction (its
 attempts' ledger time over the span from the first attempt to the last
 version) and the mean staleness of the merged results. Medians over seeds.
 ``defaults_sized`` is the defaults with ``cluster.sizing = "throughput"``
-(shards sized by each worker's measured throughput, docs/uneven-fleets.md).
+(shards sized by each worker's measured throughput, docs/uneven-fleets.md);
+``defaults_overlap`` and ``defaults_sized_overlap`` add
+``cluster.overlap_epochs`` (an epoch's shards start in the previous one's tail).
 
     python -m benchmarks.hetero                       # H0-H3, 3 seeds
     python -m benchmarks.hetero --levels H0 H3 --seeds 1
@@ -70,6 +72,8 @@ CONTENDERS: dict[str, list[str]] = {
     SYNC: ["merge.rule=average"],
     "defaults": [],
     "defaults_sized": ["cluster.sizing=throughput"],
+    "defaults_overlap": ["cluster.overlap_epochs=true"],
+    "defaults_sized_overlap": ["cluster.sizing=throughput", "cluster.overlap_epochs=true"],
     "delta": ["merge.rule=delta"],
     "diloco": ["merge.rule=diloco"],
     "diloco_async": ["merge.rule=diloco_async"],

@@ -89,6 +89,7 @@ from vcdl.driver.epoch_events import (
     Reject,
     Say,
     Settle,
+    StartEarly,
     Submit,
     TaskReturned,
     Tick,
@@ -358,6 +359,10 @@ class EpochExecutor:
         # first attempt of an epoch by seconds (benchmarks/time_to_accuracy.py).
         resources = dict(self.cfg.cluster.task_resources)
         annotations: dict[str, Any] = {"resources": resources} if resources else {}
+        if self.cfg.cluster.overlap_epochs:
+            # Two epochs' tasks may wait for workers at once: the earlier epoch's first
+            # (its barrier is what the later one's results wait for).
+            annotations["priority"] = -epoch
         pinned = self.pinned.get(shard)
         if pinned is not None:
             # The throughput plan's worker, sized for it; when it is gone
@@ -590,13 +595,41 @@ class EpochExecutor:
             f"({'; '.join(reasons)[:500]}); fix the cause and `vcdl resume {self.ref.run}`"
         )
 
-    def run(self) -> dict[str, Any]:
-        if self.gate is not None:
-            # Nothing before the previous epoch's barrier (vcdl/driver/epoch_loop.py).
-            if self.gate.must_wait():
-                self.log.info("set up; waiting for epoch %d's last results", self.epoch - 1)
-            self.gate.wait_previous()
+    def _start_early(self) -> bool:
+        """Under ``cluster.overlap_epochs``, submit a fresh epoch's shards now, in the
+        previous epoch's tail (:class:`StartEarly`); whether it did. An epoch whose
+        subtasks exist (a driver left it) waits for the barrier as always."""
+        if not self.cfg.cluster.overlap_epochs or self.state.policy.pins_base:
+            return False
+        if self.ledger.subtasks(self.ref.run, self.epoch):
+            return False
         self.ensure_subtasks()
+        self.log.info(
+            "epoch %d: its shards start in epoch %d's tail (cluster.overlap_epochs); "
+            "their results merge after its barrier",
+            self.epoch,
+            self.epoch - 1,
+        )
+        self.feed(StartEarly(tuple((self.epoch, s) for s in range(self.cfg.data.shards))))
+        return True
+
+    def run(self) -> dict[str, Any]:
+        early = False
+        if self.gate is not None:
+            # Nothing before the previous epoch's barrier (vcdl/driver/epoch_loop.py),
+            # except submitting a fresh epoch's shards under cluster.overlap_epochs.
+            if self.gate.must_wait():
+                early = self._start_early()
+                if not early:
+                    self.log.info("set up; waiting for epoch %d's last results", self.epoch - 1)
+            try:
+                self.gate.wait_previous()
+            except RunStopping:
+                for fut in list(self.tasks):  # started early: nobody will merge them
+                    cancel(fut)
+                raise
+        if not early:
+            self.ensure_subtasks()
         # The thread of the previous barrier's evaluation (Evaluate, background).
         with ThreadPoolExecutor(1, thread_name_prefix="vcdl-evaluate") as self.pool:
             self.feed(self._opened())

@@ -242,6 +242,20 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _check_overlap(self) -> RunConfig:
+        from vcdl.merge.rules import RULES  # the registry imports this module's sections
+
+        rule = RULES.get(self.merge.rule)
+        if self.cluster.overlap_epochs and rule is not None and rule.pins_base:
+            raise ValueError(
+                f"cluster.overlap_epochs starts an epoch's attempts before the previous "
+                f"epoch's barrier, but merge.rule = {self.merge.rule!r} starts every shard "
+                "of an epoch from the version at that barrier: set cluster.overlap_epochs = "
+                "false, or use a rule that trains from the head (vc_asgd, delta, diloco, ...)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_fold(self) -> RunConfig:
         if self.merge.fold > 1 and self.store.keep.all:
             raise ValueError(

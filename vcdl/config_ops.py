@@ -93,6 +93,15 @@ class ClusterSection(Section):
         "worker that is gone leaves its shard to another; each result weighs by its size).",
     )
 
+    overlap_epochs: bool = Field(
+        False,
+        description="Start the next epoch's attempts while the last shards of the current "
+        "one finish (its tail: no more shards left than workers), so that fast workers do "
+        "not idle at an epoch's end. Their results wait for the current epoch's barrier "
+        "before they merge; never more than one epoch ahead. Not with a rule that pins "
+        "every shard's base to the epoch's first version (average).",
+    )
+
     @field_validator("speeds")
     @classmethod
     def _speeds(cls, speeds: list[float]) -> list[float]:

@@ -50,6 +50,7 @@ from vcdl.driver.epoch_events import (
     Reject,
     Say,
     Settle,
+    StartEarly,
     Submit,
     TaskLost,
     TaskReturned,
@@ -110,6 +111,39 @@ def test_a_leftover_that_cannot_be_merged_is_trained_now(kind: str) -> None:
     out = state.handle(MergeDone((0, 0), left.id, kind, reason="NaN"))  # type: ignore[arg-type]
     assert kinds(out) == ["Note", "Submit"] and out[-1] == Submit((0, 0), 1)
     assert out[-2] == Note((0, 0), "reissue", f"{kind}: NaN (left by a previous driver)")
+
+
+def test_an_early_start_submits_and_the_opening_after_the_barrier_adds_nothing_twice() -> None:
+    """cluster.overlap_epochs: a fresh epoch's shards go out in the previous one's tail;
+    at its barrier the opening finds them running (or finished) and leaves them to
+    their tasks, and only what else is open (a deferred shard) is submitted."""
+    state = EpochState(EpochPolicy(epoch=3, shards=2))
+    out = state.handle(StartEarly(((3, 0), (3, 1), (3, 0))))
+    assert out == [Submit((3, 0), 1), Submit((3, 1), 1)]
+    assert state.early and not state.opened and not state.finished
+    state.validate_state()
+    # At the barrier: (3, 0) trained and finished meanwhile, (3, 1) still runs, (1, 4)
+    # was deferred by an earlier epoch, and an attempt of (2, 6) a dead driver left.
+    mine = (a(1, "running", key=(3, 1)),)
+    left = a(1, "finished", key=(3, 0))
+    dead = a(1, "running", key=(2, 6))
+    out = state.handle(Opened(((3, 0), (3, 1), (1, 4)), (*mine, dead), (left,)))
+    assert [i for i in out if isinstance(i, Abandon)] == [
+        Abandon((dead,), "killed", "lost with a previous driver or its cluster")
+    ]
+    assert [i for i in out if isinstance(i, Submit | Merge)] == [Submit((1, 4), 1)]
+    state.validate_state()
+    # Its own result comes in through its task, as any result does.
+    out = state.handle(TaskReturned((3, 0), "finished", (left,), attempt_id=left.id))
+    assert out == [Merge((3, 0), left.id)]
+
+
+def test_an_early_start_is_refused_after_opening_and_for_a_pinned_base() -> None:
+    with pytest.raises(RuntimeError, match="started early after it started"):
+        opened().handle(StartEarly((K,)))
+    pinned = EpochState(EpochPolicy(epoch=2, shards=8, pins_base=True))
+    with pytest.raises(RuntimeError, match="pins the epoch's base"):
+        pinned.handle(StartEarly((K,)))
 
 
 def test_an_epoch_opens_once() -> None:
@@ -597,6 +631,7 @@ class World:
                 if number > 1:  # a reissue: the budget allowed it
                     assert self.tries(key) < self.policy.max_attempts, (key, self.rows[key])
                 assert number == self.submissions[key] + 1
+                assert all(k != key for k, _ in self.live), f"{key} submitted while in flight"
                 self.submissions[key] += 1
                 self.live.append((key, number))
             case Merge(key, attempt_id):
@@ -701,6 +736,7 @@ ACTIONS = st.one_of(
         }
     ),
     deferred=st.booleans(),
+    early=st.booleans(),
     head=st.integers(0, 20),
     first_merged=st.one_of(st.none(), st.integers(1, 20)),
     unevaluated=st.booleans(),
@@ -712,6 +748,7 @@ def test_in_any_order_no_subtask_is_merged_twice_none_is_lost_and_the_budget_hol
     shards: int,
     policy: dict[str, object],
     deferred: bool,
+    early: bool,
     head: int,
     first_merged: int | None,
     unevaluated: bool,
@@ -727,9 +764,17 @@ def test_in_any_order_no_subtask_is_merged_twice_none_is_lost_and_the_budget_hol
         subtask=dict.fromkeys(keys, "pending"),
         merge_ok=deque(merge_ok),
     )
+    # cluster.overlap_epochs: a fresh epoch's shards go out in the previous one's tail
+    # (never with a pinned base, nor for an epoch a dead driver left rows of), and are
+    # claimed before the barrier opens the epoch: their running rows are this driver's.
+    early = early and not policy["pins_base"]
     for key, left in zip(keys, left_by_a_dead_driver, strict=False):
-        if left:
+        if left and not (early and key[0] == 3):
             world.attempt(key, left, 50)
+    if early:
+        world.feed(StartEarly(tuple(k for k in keys if k[0] == 3)))
+        for key, _ in world.live:
+            world.attempt(key, "running", 10)
     every = [r for rows in world.rows.values() for r in rows]
     world.feed(
         Opened(
@@ -797,7 +842,7 @@ def test_in_any_order_no_subtask_is_merged_twice_none_is_lost_and_the_budget_hol
     assert all(b == (pinned if k[0] == 3 else None) for k, b in world.bases)
     # The story of a subtask: what concerned it, in order.
     story = world.state.story(keys[-1])
-    assert story and isinstance(story[0][0], Opened)
+    assert story and isinstance(story[0][0], Opened | StartEarly)
     # None is lost: every subtask is merged, or failed, dropped or deferred by policy.
     assert {world.subtask[k] for k in keys} <= {"merged", "failed", "dropped", "deferred"}
     assert world.state.closed == world.subtask  # and the state machine knows it

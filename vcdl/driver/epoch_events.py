@@ -147,6 +147,19 @@ class Opened:
 
 
 @dataclass(frozen=True)
+class StartEarly:
+    """A fresh epoch's shards go out in the previous epoch's tail (``cluster.overlap_epochs``).
+
+    Only submissions: their results wait, unseen, until :class:`Opened` after the
+    previous epoch's barrier, so that merges stay in epoch order.
+    """
+
+    todo: tuple[Key, ...]
+    """This epoch's subtasks, all new (an epoch a driver left half done waits for
+    the barrier and its :class:`Opened`)."""
+
+
+@dataclass(frozen=True)
 class TaskReturned:
     """A shard task returned; ``kind`` says what its worker did."""
 
@@ -213,7 +226,17 @@ class AtBarrier:
     """The epoch is at its barrier (:attr:`EpochState.finished`): what comes after it."""
 
 
-Event = Opened | TaskReturned | TaskLost | MergeDone | DeadlinePassed | Tick | Gathered | AtBarrier
+Event = (
+    StartEarly
+    | Opened
+    | TaskReturned
+    | TaskLost
+    | MergeDone
+    | DeadlinePassed
+    | Tick
+    | Gathered
+    | AtBarrier
+)
 
 
 def recorded_return(key: Key, attempts: tuple[AttemptFact, ...]) -> TaskReturned | TaskLost:

@@ -14,7 +14,9 @@ Prefect's bookkeeping overlaps: e+1's subflow is started in a thread once e
 is in its tail (no more results left to wait for than there are workers) and
 waits at its first line for e's :class:`EpochGate`; e's run is set Completed
 in its own thread while e+1 already dispatches. For a moment two epoch runs
-show as Running in Prefect's UI; the later one is waiting.
+show as Running in Prefect's UI; the later one is waiting. Under
+``cluster.overlap_epochs`` the waiting epoch submits its fresh shards first
+(``StartEarly``, flows/epoch.py), and only their merges wait for the barrier.
 
 A failed epoch stops the run: the next one, if started, gives up without
 touching anything and ends Cancelled. So does an interrupt of the train flow.

@@ -98,6 +98,7 @@ from vcdl.driver.epoch_events import (
     Reject,
     Say,
     Settle,
+    StartEarly,
     Submit,
     TaskLost,
     TaskReturned,
@@ -130,6 +131,8 @@ def _mentions(item: object, key: Key) -> bool:
         return True
     if isinstance(item, MergeGroup):
         return any(k == key for k, _ in item.items)
+    if isinstance(item, StartEarly):
+        return key in item.todo
     if isinstance(item, Abandon | Opened):
         facts = item.attempts if isinstance(item, Abandon) else (*item.stranded, *item.leftovers)
         return any(a.key == key for a in facts) or (isinstance(item, Opened) and key in item.todo)
@@ -156,6 +159,8 @@ class EpochState:
     """This epoch's subtasks merged (before it opened, and since)."""
     quorum_at: float | None = None
     opened: bool = False
+    early: bool = False
+    """Its shards were submitted in the previous epoch's tail (:class:`StartEarly`)."""
     tally: Counter[str] = field(default_factory=Counter)
     waiting: list[tuple[Key, str]] = field(default_factory=list)
     """Merges decided and not issued yet (``fold`` > 1): they go on :class:`Gathered`."""
@@ -218,7 +223,8 @@ class EpochState:
         assert self.policy.fold > 1 or not self.waiting, "merges wait only to be folded"
         assert 0 <= self.merged <= self.policy.shards, f"{self.merged} of this epoch merged"
         assert 0 <= self.since_prune < self.policy.prune_every or not self.policy.retention
-        assert self.opened or not (flying or merging or closed), "acting before it opened"
+        assert self.opened or not (merging or closed), "acting before it opened"
+        assert self.opened or self.early or not flying, "submitting before it opened"
         assert not self.barrier or self.finished, "past the barrier with work left"
         assert self.base is None or self.policy.pins_base, (
             "a pinned base for a rule that reads none"
@@ -229,6 +235,8 @@ class EpochState:
             return self._gathered()
         if isinstance(event, AtBarrier):
             return self._at_barrier()
+        if isinstance(event, StartEarly):
+            return self._start_early(event)
         if isinstance(event, Opened):
             return self._opened(event)
         if isinstance(event, Tick):
@@ -303,6 +311,17 @@ class EpochState:
         self.since_prune = 0
         return [Prune(self.evaluating)] if self.policy.retention else []
 
+    def _start_early(self, event: StartEarly) -> list[Instruction]:
+        if self.opened or self.early:
+            raise RuntimeError(f"epoch {self.policy.epoch} started early after it started")
+        if self.policy.pins_base:
+            raise RuntimeError("a rule that pins the epoch's base cannot start before the barrier")
+        self.early = True
+        out: list[Instruction] = []
+        for key in dict.fromkeys(event.todo):
+            out += self._submit(key)
+        return out
+
     def _opened(self, event: Opened) -> list[Instruction]:
         if self.opened:
             raise RuntimeError(f"epoch {self.policy.epoch} opened twice")
@@ -318,18 +337,19 @@ class EpochState:
             epoch, version = event.unevaluated
             out.append(Evaluate(epoch, version, p.eval_device, background=True))
             self.evaluating = frozenset({version})
-        if event.stranded:
-            out.append(
-                Abandon(event.stranded, "killed", "lost with a previous driver or its cluster")
-            )
-            self.tally["killed"] += len(event.stranded)
-        todo = list(dict.fromkeys(event.todo))
+        # Subtasks in flight already were started early (StartEarly): their running
+        # attempts and results are this driver's, followed by their tasks.
+        stranded = tuple(a for a in event.stranded if a.key not in self.in_flight)
+        if stranded:
+            out.append(Abandon(stranded, "killed", "lost with a previous driver or its cluster"))
+            self.tally["killed"] += len(stranded)
+        todo = [k for k in dict.fromkeys(event.todo) if k not in self.in_flight]
         for a in sorted(event.leftovers, key=lambda a: (a.key, a.number)):
             if a.key in todo and a.key not in self.merging and a.state in MERGEABLE_ATTEMPT_STATES:
                 out.append(self._say(logging.INFO, a.key, "left by a previous driver: merging it"))
                 self.merging[a.key] = True
                 out += self._merge(a.key, a.id)
-        lost = {a.key for a in event.stranded}
+        lost = {a.key for a in stranded}
         for key in todo:
             if key not in self.merging:
                 if key in lost:  # a new driver's reissue: its Say is the Abandon's row
