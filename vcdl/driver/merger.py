@@ -7,8 +7,9 @@ version being written, the shared buffers) and its range's pieces
 the same :func:`~vcdl.driver.streamed.chain` as one merger over the range's
 batches, copies this range's elements into the shared new weights (and
 rule state), writes the range's chunks as they fill and hashes the tensors
-wholly inside it, in a writer thread beside the chain (the hashing in a
-thread of its own, while the chunks are written).
+wholly inside it as their chunks are written (a piece at a time, while in
+the cache: :meth:`~vcdl.store.groups.Groups.put_hashed`), in a writer thread
+beside the chain.
 
 A tensor that crosses a boundary is merged by each merger over the rows
 holding its part, and only its part is kept. Its checksum covers all of
@@ -23,10 +24,10 @@ unverified in rows here and verified whole by the driver.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -121,8 +122,7 @@ def _merge(job: Job, index: int, pieces: list[Piece], groups: Groups) -> Report:
                 _own_into(state_out[p.name], state_sub[p.name], p, own[p.name])
         if state_sub is not None and STEP_KEY in state_sub:
             report.step = int(state_sub[STEP_KEY])
-        done = [p for p in parts if own[p.name].whole and (p.whole or p.stop == p.spec.shape[0])]
-        writing.put((parts, done))
+        writing.put(parts)
         count[0] += 1
         if count[0] == first_done:
             job.ready[index].release()
@@ -135,21 +135,15 @@ def _merge(job: Job, index: int, pieces: list[Piece], groups: Groups) -> Report:
         mine_sub = {p.name: _own_view(sub[p.name], p, own[p.name]) for p in parts}
         return update_norm(mine_ref, mine_sub)
 
-    def write(item: tuple[list[Part], list[Part]]) -> None:
+    def write(parts: list[Part]) -> None:
         t = time.perf_counter()
-        parts, done = item
-        # The finished tensors hashed in a thread while their chunks are written
-        # (hashlib and the writes release the GIL): the write stage costs about
-        # max(hash, write), not their sum. Their bytes are final (emit copied them).
-        hashed = hashing.submit(_digests_of, [p.name for p in done], shared, job.version.uri)
-        chunks.advance(parts)
-        report.checksums.update(hashed.result())
+        chunks.advance(parts)  # hashing the tensors wholly ours as it writes them
         busy["write"] += time.perf_counter() - t
 
     if BEFORE_BATCH is not None:
         BEFORE_BATCH(index, 0)
     try:
-        with ThreadPoolExecutor(1, "vcdl-merge-hash") as hashing, Stage(write, depth=2) as writing:
+        with Stage(write, depth=2) as writing:
             chained = chain(
                 rule, head, mine, plan, emit, state=state, out=into, busy=busy, norm_of=norm_of
             )
@@ -159,6 +153,7 @@ def _merge(job: Job, index: int, pieces: list[Piece], groups: Groups) -> Report:
         return Report(reason=chained.reason, failed=chained.failed)
     t = time.perf_counter()
     chunks.finish()
+    report.checksums.update(chunks.checksums())
     busy["write"] += time.perf_counter() - t
     report.norm_sq, report.busy = chained.norm_sq, busy
     return report
@@ -257,10 +252,6 @@ def _reopen(step: Step, groups: Groups, split: set[str]) -> Step:
     return Step(result, step.alpha, base)
 
 
-def _digests_of(names: list[str], state: StateDict, uri: str) -> dict[str, str]:
-    return {n: digest_of(n, state[n], uri) for n in names}
-
-
 def digest_of(name: str, tensor: torch.Tensor, uri: str) -> str:
     return digest(bytes_of(name, tensor, uri).reshape(-1).view(np.uint8).data)
 
@@ -284,6 +275,8 @@ class _ChunkWriter:
         for p in placed:
             self._by_node.setdefault(p.node, []).append(p)
         self._shared = shared
+        # The tensors wholly in this range: hashed as their chunks are written.
+        self._hashers = {p.name: hashlib.sha256() for p in pieces if p.whole}
         self._next: dict[str, int] = {}  # per array: the next chunk of ours to write
         self._stop: dict[str, int] = {}
         self._filled: dict[str, int] = {}  # per array: our elements complete up to here
@@ -313,6 +306,10 @@ class _ChunkWriter:
     def finish(self) -> None:
         self._write(final=True)
 
+    def checksums(self) -> dict[str, str]:
+        """The tensors wholly in this range and their checksums (once :meth:`finish`ed)."""
+        return {name: h.hexdigest() for name, h in self._hashers.items()}
+
     def _write(self, final: bool) -> None:
         jobs = []
         for node, j in list(self._next.items()):
@@ -323,9 +320,9 @@ class _ChunkWriter:
                 j += 1
             self._next[node] = j
         if jobs:
-            self._version.put_chunks(jobs, self._groups)
+            self._version.put_hashed(jobs, self._groups)
 
-    def _chunk(self, node: str, j: int) -> list[memoryview]:
+    def _chunk(self, node: str, j: int) -> list[tuple[memoryview, Any]]:
         layout = self._layouts[node]
         lo, hi = j * layout.chunk_elems, min(layout.length, (j + 1) * layout.chunk_elems)
         views = []
@@ -334,9 +331,10 @@ class _ChunkWriter:
             if a < b:
                 data = bytes_of(p.name, self._shared[p.name], "").reshape(-1).view(np.uint8)
                 size = layout.itemsize
-                views.append(data[(a - p.offset) * size : (b - p.offset) * size].data)
+                view = data[(a - p.offset) * size : (b - p.offset) * size].data
+                views.append((view, self._hashers.get(p.name)))  # in order: chunks go in order
         if j == layout.nchunks - 1:
             pad = layout.nchunks * layout.chunk_bytes - layout.data_bytes
             if pad:
-                views.append(memoryview(bytes(pad)))
+                views.append((memoryview(bytes(pad)), None))
         return views

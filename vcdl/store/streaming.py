@@ -453,6 +453,12 @@ class StateWriter:
         (this root opened in the calling process: :meth:`Groups.reopened`)."""
         groups.run(groups.put_chunks(self._rel, jobs), "writing", self.uri)
 
+    def put_hashed(
+        self, jobs: Sequence[tuple[str, Sequence[tuple[memoryview, Any]]]], groups: Groups
+    ) -> None:
+        """:meth:`put_chunks`, each buffer with a hasher (or None): :meth:`Groups.put_hashed`."""
+        groups.run(groups.put_hashed(self._rel, jobs), "writing", self.uri)
+
     def publish(self, checksums: Sequence[str]) -> str:
         """The commit point of a group whose chunks were written by :meth:`put_chunks`
         (all of them): its document with every tensor's checksum; the group's checksum."""
