@@ -26,8 +26,9 @@ as it carries them out, one small insert each on the fault path, for ``vcdl
 story``; a failure to record one is said once and never fails the run.
 Longer than ~500 lines on purpose: one executor carries out every kind of
 instruction of the state machine; the decisions themselves live elsewhere,
-and what a returned task means (its event, its dispatch phases) in
-:mod:`flows.epoch_returns`.
+what a returned task means (its event, its dispatch phases) in
+:mod:`flows.epoch_returns`, and what is tidied (late duplicates,
+checkpoints, versions) in :mod:`flows.epoch_tidy`.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from prefect.states import Cancelled
 
 from flows.cluster import worker_left_at
 from flows.epoch_returns import DispatchClock, task_event
+from flows.epoch_tidy import prune_versions, settle_results
 from flows.reporting import ProgressUpdater, publish_epoch_table
 from flows.tasks import evaluate_head, train_shard
 from flows.workarounds.shared_runner import run_dask_client
@@ -59,7 +61,6 @@ from flows.workarounds.task_runs import cancel, release, set_task_run_state
 from vcdl.config import RunConfig
 from vcdl.data import open_dataset
 from vcdl.driver.assimilator import MergeOutcome, merge_attempt
-from vcdl.driver.epoch_attempts import settle
 from vcdl.driver.epoch_events import (
     Abandon,
     AbandonRunning,
@@ -70,7 +71,6 @@ from vcdl.driver.epoch_events import (
     Cancel,
     Close,
     DeadlinePassed,
-    DropCheckpoint,
     EpochPolicy,
     Evaluate,
     Event,
@@ -85,7 +85,6 @@ from vcdl.driver.epoch_events import (
     Note,
     Opened,
     Prune,
-    RecordDuplicate,
     Reject,
     Say,
     Settle,
@@ -98,10 +97,9 @@ from vcdl.driver.epoch_events import (
 from vcdl.driver.epoch_loop import RunStopping, current_gate
 from vcdl.driver.epoch_state import EpochState
 from vcdl.driver.fold import merge_attempts
-from vcdl.driver.gc import collect
 from vcdl.driver.head_cache import run_head_cache
 from vcdl.driver.throughput import plan_epoch
-from vcdl.errors import EpochFailed, LeaseLost, StoreError
+from vcdl.errors import EpochFailed, LeaseLost
 from vcdl.merge.rules import rule_of
 from vcdl.metrics.exporter import note_event, note_kill
 from vcdl.objectives import objective_for
@@ -109,7 +107,6 @@ from vcdl.runtime import RunRef
 from vcdl.states import MERGEABLE_ATTEMPT_STATES, TERMINAL_SUBTASK_STATES
 from vcdl.views import observe
 from vcdl.views.epochs import format_metrics
-from vcdl.worker.attempt import drop_checkpoint
 
 POLL_SECONDS = 2.0
 # One DEBUG record per submission, its ``created`` the driver's submit time:
@@ -289,14 +286,14 @@ class EpochExecutor:
             case Say(level, message):
                 self.log.log(level, message)
             case Prune(hold):
-                self._prune(hold)
+                prune_versions(self.ref, self.cfg, hold, self.log)
             case Evaluate(epoch, version, device, background):
                 self._start_evaluation(epoch, version, device, background)
             case AwaitEvaluation():
                 assert self.evaluation is not None
                 self.evaluation.result()  # raises what the evaluation raised
             case Settle():
-                self._settle()
+                self.duplicates += settle_results(self.ref, self.ledger)
             case FailEpoch(epoch):
                 self._fail(epoch)
             case Advance(epoch):
@@ -504,43 +501,6 @@ class EpochExecutor:
         self.gate.check()
         if self.state.in_tail:
             self.gate.tail()
-
-    def _settle(self) -> None:
-        """Record late duplicates and delete checkpoints nothing resumes any more."""
-        store = self.ref.store()
-        # Only attempts that may need settling (few at any time), and the
-        # subtasks of their epochs: not every row of a long run at every barrier.
-        candidates = {
-            a.id: a
-            for a in [
-                *self.ledger.attempts(self.ref.run, states=MERGEABLE_ATTEMPT_STATES),
-                *self.ledger.attempts(self.ref.run, checkpointed=True),
-            ]
-        }
-        subtasks = [
-            s
-            for epoch in sorted({a.epoch for a in candidates.values()})
-            for s in self.ledger.subtasks(self.ref.run, epoch)
-        ]
-        for step in settle(candidates.values(), subtasks):
-            if isinstance(step, DropCheckpoint):
-                drop_checkpoint(self.ref, step.attempt_id)
-                continue
-            assert isinstance(step, RecordDuplicate)
-            self.ledger.finish_attempt(
-                step.attempt_id, state="duplicate", reason="subtask merged from another attempt"
-            )
-            if step.result_uri:
-                store.delete(step.result_uri)
-            self.duplicates += 1
-
-    def _prune(self, hold: frozenset[int]) -> None:
-        """Apply the retention policy (store.keep), keeping ``hold``. A store error leaves
-        leftovers the next pass (or `vcdl gc`) deletes."""
-        try:
-            collect(self.ref, self.cfg, measure=False, hold=set(hold))
-        except StoreError as exc:
-            self.log.warning("retention pass failed (the next one retries): %s", exc)
 
     def _unevaluated_previous(self) -> tuple[int, int] | None:
         """(epoch, version) of the previous epoch's barrier head if it has no evaluation yet.
