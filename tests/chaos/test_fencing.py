@@ -181,11 +181,11 @@ def trial(tmp_path: Path, prefect_api_url: str, rng: random.Random) -> None:
     assert len(merged) == len(set(merged)) == EPOCHS * 6
 
 
-# A new set of random points every session (two trials, about 40 s each), so that
-# runs of the suite together cover many more than any one does; the set is
-# printed and VCDL_FENCE_SEED replays it (VCDL_FENCE_TRIALS: more trials).
+# A new set of random points every session (one trial, about 40 s: CI's time is
+# short), so that runs of the suite together cover many more than any one does;
+# the set is printed and VCDL_FENCE_SEED replays it (VCDL_FENCE_TRIALS: more trials).
 SET = int(os.environ.get("VCDL_FENCE_SEED") or random.SystemRandom().randrange(1_000_000))
-TRIALS = int(os.environ.get("VCDL_FENCE_TRIALS", "2"))
+TRIALS = int(os.environ.get("VCDL_FENCE_TRIALS", "1"))
 
 
 @pytest.mark.parametrize("seed", range(TRIALS))
