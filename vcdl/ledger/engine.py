@@ -334,7 +334,8 @@ class LedgerEngine:
             try:
                 with engine.begin() as conn:
                     phase = "run"
-                    forget_id(conn)
+                    if resolvable:
+                        forget_id(conn)
                     result = fn(conn)
                     xid = transaction_id(conn) if resolvable else None
                     phase = "commit"
