@@ -53,6 +53,7 @@ from prefect.states import Cancelled
 
 from flows.cluster import worker_left_at
 from flows.epoch_returns import DispatchClock, task_event
+from flows.epoch_stall import describe_stall, look_up_tasks, stall_due
 from flows.epoch_tidy import prune_versions, settle_results
 from flows.reporting import ProgressUpdater, publish_epoch_table
 from flows.tasks import evaluate_head, train_shard
@@ -154,6 +155,9 @@ class EpochExecutor:
         self.dask_client = run_dask_client()
         # Shard -> the worker the throughput plan pinned it to (ensure_subtasks).
         self.pinned: dict[int, str] = {}
+        # When a result last came back, and the stall reports since (flows/epoch_stall.py).
+        self.quiet_since = time.monotonic()
+        self.stall_reports = 0
 
     # -- facts the state machine needs ------------------------------------------------
 
@@ -452,7 +456,7 @@ class EpochExecutor:
 
     def drain(self) -> None:
         """Wait for results until the state machine says the epoch is at its barrier."""
-        checked = time.monotonic()
+        checked = self.quiet_since = time.monotonic()
         while not self.state.finished:
             try:
                 fut: PrefectFuture[dict[str, Any]] | None = self.done.get(timeout=POLL_SECONDS)
@@ -466,7 +470,9 @@ class EpochExecutor:
                 for late in self._late():
                     self.feed(late)
                 checked = time.monotonic()
+                self._check_stall(checked)
             if fut is not None:
+                self.quiet_since, self.stall_reports = time.monotonic(), 0
                 # The results already in are handed over first, so that merges
                 # waiting to be folded (merge.fold) go together.
                 self._take(fut)
@@ -478,6 +484,40 @@ class EpochExecutor:
                 self.feed(Gathered())
             self.feed(Tick(time.monotonic()))
             self._tell_gate()
+
+    def _check_stall(self, now: float) -> None:
+        """Say what the epoch waits for when no result came back for a while.
+
+        A future Dask finished whose done-callback never reached this thread is
+        taken now (it would otherwise be waited for until the attempt's deadline,
+        or for ever when the attempt row says it ended).
+        """
+        quiet = now - self.quiet_since
+        if not self.futures or not stall_due(
+            quiet, self.stall_reports, self.cfg.fault.attempt_timeout
+        ):
+            return
+        self.stall_reports += 1
+        lost = [f for f in self.futures.values() if f in self.tasks and _finished(f)]
+        for fut in lost:
+            self.log.warning(
+                "epoch %d: a task Dask finished (%s) never reached the driver; taken now",
+                self.epoch,
+                fut.task_run_id,
+            )
+            self.done.put(fut)
+        if lost:
+            return
+        by_dask = {
+            (k, n): getattr(getattr(f, "wrapped_future", None), "key", None)
+            for (k, n), f in self.futures.items()
+        }
+        looks = look_up_tasks(self.dask_client, [d for d in by_dask.values() if d is not None])
+        waiting = [
+            (key, number, looks.get(dask_key), self.attempts_of(key))
+            for (key, number), dask_key in sorted(by_dask.items())
+        ]
+        self.log.warning("%s", describe_stall(self.epoch, now - self.quiet_since, waiting))
 
     def _take(self, fut: PrefectFuture[dict[str, Any]]) -> None:
         """Hand the state machine what a finished shard task made (if it is still followed)."""
@@ -613,6 +653,12 @@ class EpochExecutor:
             "test_accuracy": ev["accuracy"] if ev else None,
             "test_metrics": ev["metrics"] if ev else None,
         }
+
+
+def _finished(fut: PrefectFuture[Any]) -> bool:
+    """Whether the future's runner (Dask, a thread pool) has finished its task."""
+    wrapped = getattr(fut, "wrapped_future", None)
+    return bool(wrapped is not None and wrapped.done())
 
 
 @flow(name="vcdl-epoch")

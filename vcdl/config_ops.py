@@ -236,7 +236,9 @@ class FaultSection(Section):
         900.0,
         gt=0,
         le=7 * 86400,
-        description="Seconds after which a running attempt is presumed dead.",
+        description="Seconds after which a running attempt is presumed dead. An epoch that "
+        "gets no result for a quarter of this logs what it waits for: each task's state in "
+        "Dask, its attempts, its call stack on its worker.",
     )
     checkpoint_seconds: float = Field(
         60.0,

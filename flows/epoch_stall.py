@@ -1,0 +1,143 @@
+"""What an epoch waits for when no result has come back for a while: said in the log.
+
+A drain that waits minutes without a result is slow work (big shards, a slow
+link) or something stuck: a task Dask never starts, a worker hung before its
+attempt claimed the subtask (no attempt row, so no deadline ever passes), a
+done-callback that never reached the driver. The ledger alone cannot tell
+these apart, and an operator (or a CI log) left with "it hung" cannot act.
+After a quarter of ``fault.attempt_timeout`` without a result (225 s by
+default; a job whose shards train long has a long timeout, so its ordinary
+waits say nothing) the driver logs, per subtask in
+flight, what Dask says of its task (its state and worker), the subtask's
+attempts, and the task's call stack on its worker; then again after twice as
+long, and so on (a stall of hours logs a handful of times, not every poll).
+
+* :func:`stall_due` — when the next report is due. Pure.
+* :func:`describe_stall` — the report's text. Pure.
+* :func:`look_up_tasks` — Dask's side (scheduler state, call stacks), bounded
+  in time; nothing in it may stop the epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from vcdl.driver.epoch_events import AttemptFact, Key
+
+log = logging.getLogger(__name__)
+
+STALL_FRACTION = 0.25
+"""Of ``fault.attempt_timeout``: seconds without a result, with subtasks in flight,
+before the first report."""
+
+LOOKUP_TIMEOUT = 10.0
+"""Seconds the scheduler and workers get to answer a report's questions."""
+
+STACK_LINES = 12
+"""The innermost frames of a stalled task's call stack that a report shows."""
+
+
+def stall_due(quiet: float, reports: int, attempt_timeout: float) -> bool:
+    """Whether a report is due after ``quiet`` seconds without a result, ``reports`` made
+    (the first at :data:`STALL_FRACTION` of ``attempt_timeout``, each next one at twice
+    the wait of the one before)."""
+    return quiet >= STALL_FRACTION * attempt_timeout * 2**reports
+
+
+@dataclass(frozen=True)
+class TaskLook:
+    """What Dask says of one task: its state (the scheduler's, else the future's),
+    the worker it runs on, its call stack there (innermost frames last)."""
+
+    state: str
+    worker: str | None = None
+    stack: tuple[str, ...] = field(default=())
+
+
+def _attempt_line(a: AttemptFact, now: datetime) -> str:
+    since = f" for {(now - a.started_at).total_seconds():.0f} s" if a.started_at else ""
+    where = f" on {a.worker}" if a.worker else ""
+    return f"attempt {a.number} {a.state}{where}{since}"
+
+
+def describe_stall(
+    epoch: int,
+    quiet: float,
+    waiting: Sequence[tuple[Key, int, TaskLook | None, Sequence[AttemptFact]]],
+    now: datetime | None = None,
+) -> str:
+    """The report: one paragraph per subtask in flight (key, submission number, Dask's
+    look at its task or None when it could not be had, its attempts' rows)."""
+    now = now or datetime.now(UTC)
+    lines = [
+        f"epoch {epoch}: no result for {quiet:.0f} s; waiting for {len(waiting)} "
+        f"task{'s' if len(waiting) != 1 else ''}:"
+    ]
+    for (e, shard), number, look, attempts in waiting:
+        dask = "Dask: not asked" if look is None else f"Dask: {look.state}"
+        if look is not None and look.worker:
+            dask += f" on {look.worker}"
+        rows = "; ".join(_attempt_line(a, now) for a in attempts) or "no attempt row yet"
+        lines.append(f"  epoch {e} shard {shard}, submission {number}: {dask}; {rows}")
+        if look is not None and look.stack:
+            lines.extend(f"      {frame.rstrip()}" for frame in look.stack[-STACK_LINES:])
+    if all(not attempts for _, _, _, attempts in waiting):
+        lines.append(
+            "  No attempt has claimed its subtask: the tasks wait in Dask (a worker "
+            "busy, gone or hung before its claim); the Dask dashboard shows them."
+        )
+    return "\n".join(lines)
+
+
+def _scheduler_states(keys: list[Any], dask_scheduler: Any = None) -> dict[Any, tuple[str, Any]]:
+    # Runs on the scheduler (Client.run_on_scheduler passes dask_scheduler).
+    out: dict[Any, tuple[str, Any]] = {}
+    for key in keys:
+        ts = dask_scheduler.tasks.get(key)
+        if ts is None:
+            out[key] = ("unknown to the scheduler", None)
+        else:
+            on = ts.processing_on.address if ts.processing_on is not None else None
+            out[key] = (ts.state, on)
+    return out
+
+
+def _frames(stack: object) -> tuple[str, ...]:
+    if isinstance(stack, list | tuple):
+        return tuple(str(line) for line in stack)
+    return (str(stack),) if stack else ()
+
+
+def look_up_tasks(client: Any, keys: Iterable[Any]) -> Mapping[Any, TaskLook]:
+    """Dask's look at tasks by key: scheduler state and worker, the call stacks of
+    those processing. Whatever cannot be had within :data:`LOOKUP_TIMEOUT` is left
+    out (logged at DEBUG): a report is help, never a new way to fail."""
+    keys = list(keys)
+    if client is None or not keys:
+        return {}
+    try:
+        states = client.run_on_scheduler(_scheduler_states, keys, callback_timeout=LOOKUP_TIMEOUT)
+    except Exception as exc:  # the scheduler gone or slow: the report says less
+        log.debug("a stall report could not ask the scheduler: %s", exc)
+        return {}
+    looks = {k: TaskLook(state, worker) for k, (state, worker) in states.items()}
+    processing = [k for k, look in looks.items() if look.state == "processing"]
+    if not processing:
+        return looks
+    try:
+        stacks = client.sync(
+            client.scheduler.call_stack, keys=processing, callback_timeout=LOOKUP_TIMEOUT
+        )
+    except Exception as exc:
+        log.debug("a stall report could not read the workers' call stacks: %s", exc)
+        return looks
+    for per_worker in (stacks or {}).values():
+        for key, stack in (per_worker or {}).items():
+            if key in looks:
+                old = looks[key]
+                looks[key] = TaskLook(old.state, old.worker, _frames(stack))
+    return looks
