@@ -53,7 +53,7 @@ from prefect.states import Cancelled
 
 from flows.cluster import worker_left_at
 from flows.epoch_returns import DispatchClock, task_event
-from flows.epoch_stall import describe_stall, look_up_tasks, stall_due
+from flows.epoch_stall import UNFOLLOWED, describe_stall, look_up_tasks, stall_due
 from flows.epoch_tidy import prune_versions, settle_results
 from flows.reporting import ProgressUpdater, publish_epoch_table
 from flows.tasks import evaluate_head, train_shard
@@ -493,7 +493,7 @@ class EpochExecutor:
         or for ever when the attempt row says it ended).
         """
         quiet = now - self.quiet_since
-        if not self.futures or not stall_due(
+        if self.state.finished or not stall_due(
             quiet, self.stall_reports, self.cfg.fault.attempt_timeout
         ):
             return
@@ -508,16 +508,15 @@ class EpochExecutor:
             self.done.put(fut)
         if lost:
             return
-        by_dask = {
-            (k, n): getattr(getattr(f, "wrapped_future", None), "key", None)
-            for (k, n), f in self.futures.items()
-        }
-        looks = look_up_tasks(self.dask_client, [d for d in by_dask.values() if d is not None])
-        waiting = [
-            (key, number, looks.get(dask_key), self.attempts_of(key))
-            for (key, number), dask_key in sorted(by_dask.items())
-        ]
-        self.log.warning("%s", describe_stall(self.epoch, now - self.quiet_since, waiting))
+        followed = {key: (n, _dask_key(f)) for (key, n), f in self.futures.items()}
+        looks = look_up_tasks(self.dask_client, [d for _, d in followed.values() if d is not None])
+        waiting = []
+        for key in sorted(self.state.in_flight | set(followed)):
+            number, dask_key = followed.get(key, (0, None))
+            look = looks.get(dask_key) if key in followed else UNFOLLOWED
+            waiting.append((key, number, look, self.attempts_of(key)))
+        report = describe_stall(self.epoch, quiet, waiting, merging=sorted(self.state.merging))
+        self.log.warning("%s", report)
 
     def _take(self, fut: PrefectFuture[dict[str, Any]]) -> None:
         """Hand the state machine what a finished shard task made (if it is still followed)."""
@@ -653,6 +652,11 @@ class EpochExecutor:
             "test_accuracy": ev["accuracy"] if ev else None,
             "test_metrics": ev["metrics"] if ev else None,
         }
+
+
+def _dask_key(fut: PrefectFuture[Any]) -> Any:
+    """The Dask key of the future's task (None outside a Dask task runner)."""
+    return getattr(getattr(fut, "wrapped_future", None), "key", None)
 
 
 def _finished(fut: PrefectFuture[Any]) -> bool:

@@ -58,6 +58,10 @@ class TaskLook:
     stack: tuple[str, ...] = field(default=())
 
 
+UNFOLLOWED = TaskLook("no task followed by the driver, though the epoch counts it in flight")
+"""The look of a subtask the epoch's state has in flight with no task: a driver's bug."""
+
+
 def _attempt_line(a: AttemptFact, now: datetime) -> str:
     since = f" for {(now - a.started_at).total_seconds():.0f} s" if a.started_at else ""
     where = f" on {a.worker}" if a.worker else ""
@@ -69,13 +73,17 @@ def describe_stall(
     quiet: float,
     waiting: Sequence[tuple[Key, int, TaskLook | None, Sequence[AttemptFact]]],
     now: datetime | None = None,
+    merging: Sequence[Key] = (),
 ) -> str:
     """The report: one paragraph per subtask in flight (key, submission number, Dask's
-    look at its task or None when it could not be had, its attempts' rows)."""
+    look at its task or None when it could not be had, its attempts' rows), and the
+    subtasks whose merge is not answered yet (``merging``)."""
     now = now or datetime.now(UTC)
     lines = [
         f"epoch {epoch}: no result for {quiet:.0f} s; waiting for {len(waiting)} "
-        f"task{'s' if len(waiting) != 1 else ''}:"
+        f"task{'s' if len(waiting) != 1 else ''}"
+        + (f" and {len(merging)} merge{'s' if len(merging) != 1 else ''}" if merging else "")
+        + ":"
     ]
     for (e, shard), number, look, attempts in waiting:
         dask = "Dask: not asked" if look is None else f"Dask: {look.state}"
@@ -85,7 +93,9 @@ def describe_stall(
         lines.append(f"  epoch {e} shard {shard}, submission {number}: {dask}; {rows}")
         if look is not None and look.stack:
             lines.extend(f"      {frame.rstrip()}" for frame in look.stack[-STACK_LINES:])
-    if all(not attempts for _, _, _, attempts in waiting):
+    for e, shard in merging:
+        lines.append(f"  epoch {e} shard {shard}: its merge not answered yet")
+    if waiting and all(not a and look is not UNFOLLOWED for _, _, look, a in waiting):
         lines.append(
             "  No attempt has claimed its subtask: the tasks wait in Dask (a worker "
             "busy, gone or hung before its claim); the Dask dashboard shows them."

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flows.epoch_stall import STALL_FRACTION, TaskLook, describe_stall, stall_due
+from flows.epoch_stall import STALL_FRACTION, UNFOLLOWED, TaskLook, describe_stall, stall_due
 from vcdl.driver.epoch_events import AttemptFact
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -65,3 +65,12 @@ def test_a_report_where_no_attempt_claimed_says_where_they_wait() -> None:
     assert "waiting for 1 task:" in text
     assert "Dask: queued; no attempt row yet" in text
     assert "No attempt has claimed its subtask" in text
+
+
+def test_a_subtask_in_flight_with_no_task_and_an_unanswered_merge_are_named() -> None:
+    # Either would hang the drain with nothing in Dask: a driver's bug, said as such.
+    text = describe_stall(2, 300.0, [((2, 0), 0, UNFOLLOWED, [])], NOW, merging=[(2, 1)])
+    assert text.splitlines()[0] == "epoch 2: no result for 300 s; waiting for 1 task and 1 merge:"
+    assert "no task followed by the driver" in text
+    assert "epoch 2 shard 1: its merge not answered yet" in text
+    assert "No attempt has claimed" not in text
