@@ -53,7 +53,7 @@ from prefect.states import Cancelled
 
 from flows.cluster import worker_left_at
 from flows.epoch_returns import DispatchClock, task_event
-from flows.epoch_stall import UNFOLLOWED, describe_stall, look_up_tasks, stall_due
+from flows.epoch_stall import StallWatch, check_stall
 from flows.epoch_tidy import prune_versions, settle_results
 from flows.reporting import ProgressUpdater, publish_epoch_table
 from flows.tasks import evaluate_head, train_shard
@@ -156,8 +156,7 @@ class EpochExecutor:
         # Shard -> the worker the throughput plan pinned it to (ensure_subtasks).
         self.pinned: dict[int, str] = {}
         # When a result last came back, and the stall reports since (flows/epoch_stall.py).
-        self.quiet_since = time.monotonic()
-        self.stall_reports = 0
+        self.stall = StallWatch()
 
     # -- facts the state machine needs ------------------------------------------------
 
@@ -284,9 +283,9 @@ class EpochExecutor:
             case Note(key, kind, detail, worker):
                 self._record(key, kind, detail, worker)
             case Cancel(key, number, message):
-                self._forget(key, number, "cancelled", message)
+                self.forget(key, number, "cancelled", message)
             case MarkCrashed(key, number, message):
-                self._forget(key, number, "crashed", message)
+                self.forget(key, number, "crashed", message)
             case Say(level, message):
                 self.log.log(level, message)
             case Prune(hold):
@@ -385,7 +384,7 @@ class EpochExecutor:
         self.clock.arrived(key)
         self.done.put(fut)
 
-    def _forget(self, key: Key, number: int, kind: str, message: str) -> None:
+    def forget(self, key: Key, number: int, kind: str, message: str) -> None:
         """Stop following the subtask's ``number``-th task; say so in its Prefect run."""
         fut = self.futures.pop((key, number), None)
         if fut is None:
@@ -456,7 +455,8 @@ class EpochExecutor:
 
     def drain(self) -> None:
         """Wait for results until the state machine says the epoch is at its barrier."""
-        checked = self.quiet_since = time.monotonic()
+        checked = time.monotonic()
+        self.stall.result_came(checked)
         while not self.state.finished:
             try:
                 fut: PrefectFuture[dict[str, Any]] | None = self.done.get(timeout=POLL_SECONDS)
@@ -470,9 +470,9 @@ class EpochExecutor:
                 for late in self._late():
                     self.feed(late)
                 checked = time.monotonic()
-                self._check_stall(checked)
+                check_stall(self, checked)
             if fut is not None:
-                self.quiet_since, self.stall_reports = time.monotonic(), 0
+                self.stall.result_came(time.monotonic())
                 # The results already in are handed over first, so that merges
                 # waiting to be folded (merge.fold) go together.
                 self._take(fut)
@@ -484,39 +484,6 @@ class EpochExecutor:
                 self.feed(Gathered())
             self.feed(Tick(time.monotonic()))
             self._tell_gate()
-
-    def _check_stall(self, now: float) -> None:
-        """Say what the epoch waits for when no result came back for a while.
-
-        A future Dask finished whose done-callback never reached this thread is
-        taken now (it would otherwise be waited for until the attempt's deadline,
-        or for ever when the attempt row says it ended).
-        """
-        quiet = now - self.quiet_since
-        if self.state.finished or not stall_due(
-            quiet, self.stall_reports, self.cfg.fault.attempt_timeout
-        ):
-            return
-        self.stall_reports += 1
-        lost = [f for f in self.futures.values() if f in self.tasks and _finished(f)]
-        for fut in lost:
-            self.log.warning(
-                "epoch %d: a task Dask finished (%s) never reached the driver; taken now",
-                self.epoch,
-                fut.task_run_id,
-            )
-            self.done.put(fut)
-        if lost:
-            return
-        followed = {key: (n, _dask_key(f)) for (key, n), f in self.futures.items()}
-        looks = look_up_tasks(self.dask_client, [d for _, d in followed.values() if d is not None])
-        waiting = []
-        for key in sorted(self.state.in_flight | set(followed)):
-            number, dask_key = followed.get(key, (0, None))
-            look = looks.get(dask_key) if key in followed else UNFOLLOWED
-            waiting.append((key, number, look, self.attempts_of(key)))
-        report = describe_stall(self.epoch, quiet, waiting, merging=sorted(self.state.merging))
-        self.log.warning("%s", report)
 
     def _take(self, fut: PrefectFuture[dict[str, Any]]) -> None:
         """Hand the state machine what a finished shard task made (if it is still followed)."""
@@ -652,17 +619,6 @@ class EpochExecutor:
             "test_accuracy": ev["accuracy"] if ev else None,
             "test_metrics": ev["metrics"] if ev else None,
         }
-
-
-def _dask_key(fut: PrefectFuture[Any]) -> Any:
-    """The Dask key of the future's task (None outside a Dask task runner)."""
-    return getattr(getattr(fut, "wrapped_future", None), "key", None)
-
-
-def _finished(fut: PrefectFuture[Any]) -> bool:
-    """Whether the future's runner (Dask, a thread pool) has finished its task."""
-    wrapped = getattr(fut, "wrapped_future", None)
-    return bool(wrapped is not None and wrapped.done())
 
 
 @flow(name="vcdl-epoch")

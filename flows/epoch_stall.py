@@ -16,17 +16,31 @@ long, and so on (a stall of hours logs a handful of times, not every poll).
 * :func:`describe_stall` — the report's text. Pure.
 * :func:`look_up_tasks` — Dask's side (scheduler state, call stacks), bounded
   in time; nothing in it may stop the epoch.
+* :func:`check_stall` — what the executor (:class:`flows.epoch.EpochExecutor`)
+  calls as it polls: when a report is due, it first takes what needs no
+  report. A finished Dask future whose done-callback never came is handed
+  over. A task whose attempt the ledger holds as a result, still not back,
+  is stuck after its body (a Prefect hook, a Prefect API that does not
+  answer): its result is merged from the ledger, as when a task's output
+  cannot be fetched, and the task is cancelled. Only then the report.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vcdl.driver.epoch_events import AttemptFact, Key
+from vcdl.driver.epoch_events import AttemptFact, Key, recorded_return
+from vcdl.states import MERGEABLE_ATTEMPT_STATES
+
+if TYPE_CHECKING:
+    from prefect.futures import PrefectFuture
+
+    from flows.epoch import EpochExecutor
 
 log = logging.getLogger(__name__)
 
@@ -151,3 +165,82 @@ def look_up_tasks(client: Any, keys: Iterable[Any]) -> Mapping[Any, TaskLook]:
                 old = looks[key]
                 looks[key] = TaskLook(old.state, old.worker, _frames(stack))
     return looks
+
+
+@dataclass
+class StallWatch:
+    """When a result last came back to the epoch, and the reports made since."""
+
+    quiet_since: float = field(default_factory=time.monotonic)
+    reports: int = 0
+
+    def result_came(self, now: float) -> None:
+        """A result came back (or the drain began) at ``now``: the quiet starts again."""
+        self.quiet_since, self.reports = now, 0
+
+
+def _dask_key(fut: PrefectFuture[Any]) -> Any:
+    """The Dask key of the future's task (None outside a Dask task runner)."""
+    return getattr(getattr(fut, "wrapped_future", None), "key", None)
+
+
+def _finished(fut: PrefectFuture[Any]) -> bool:
+    """Whether the future's runner (Dask, a thread pool) has finished its task."""
+    wrapped = getattr(fut, "wrapped_future", None)
+    return bool(wrapped is not None and wrapped.done())
+
+
+def check_stall(ex: EpochExecutor, now: float) -> None:
+    """What the epoch does after a stall report's wait without a result (the module's
+    docstring): hand over what came back unseen, take results the ledger holds, else
+    report."""
+    watch = ex.stall
+    quiet = now - watch.quiet_since
+    if ex.state.finished or not stall_due(quiet, watch.reports, ex.cfg.fault.attempt_timeout):
+        return
+    watch.reports += 1
+    lost = [f for f in ex.futures.values() if f in ex.tasks and _finished(f)]
+    for fut in lost:
+        ex.log.warning(
+            "epoch %d: a task Dask finished (%s) never reached the driver; taken now",
+            ex.epoch,
+            fut.task_run_id,
+        )
+        ex.done.put(fut)
+    if lost or take_recorded(ex, quiet):
+        return
+    followed = {key: (n, _dask_key(f)) for (key, n), f in ex.futures.items()}
+    looks = look_up_tasks(ex.dask_client, [d for _, d in followed.values() if d is not None])
+    waiting = []
+    for key in sorted(ex.state.in_flight | set(followed)):
+        number, dask_key = followed.get(key, (0, None))
+        look = looks.get(dask_key) if key in followed else UNFOLLOWED
+        waiting.append((key, number, look, ex.attempts_of(key)))
+    ex.log.warning("%s", describe_stall(ex.epoch, quiet, waiting, merging=sorted(ex.state.merging)))
+
+
+def take_recorded(ex: EpochExecutor, quiet: float) -> bool:
+    """Merge from the ledger the results of tasks that have not come back; whether any.
+
+    A worker records its attempt before its task returns, so a result in the
+    ledger whose task is still out after ``quiet`` seconds is stuck after its
+    body. It is handled as when a task's output cannot be fetched
+    (:func:`~vcdl.driver.epoch_events.recorded_return`); the task is cancelled
+    and, should it come back after all, ignored.
+    """
+    taken = False
+    for (key, number), fut in list(ex.futures.items()):
+        attempts = ex.attempts_of(key)
+        if fut not in ex.tasks or not any(a.state in MERGEABLE_ATTEMPT_STATES for a in attempts):
+            continue
+        ex.log.warning(
+            "epoch %d shard %d: its attempt is in the ledger as a result but its task "
+            "(submission %d) is not back after %.0f s; merging it from the ledger",
+            *key,
+            number,
+            quiet,
+        )
+        ex.forget(key, number, "cancelled", "its result was taken from the ledger")
+        ex.feed(recorded_return(key, attempts))
+        taken = True
+    return taken
