@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -54,6 +55,10 @@ LOOKUP_TIMEOUT = 10.0
 STACK_LINES = 12
 """The innermost frames of a stalled task's call stack that a report shows."""
 
+SHOWN_TASKS = 20
+"""Tasks a report names one by one (those Dask runs first); the rest are counted by
+their state in Dask: an epoch of a thousand shards waiting is not a thousand lines."""
+
 
 def stall_due(quiet: float, reports: int, attempt_timeout: float) -> bool:
     """Whether a report is due after ``quiet`` seconds without a result, ``reports`` made
@@ -64,8 +69,8 @@ def stall_due(quiet: float, reports: int, attempt_timeout: float) -> bool:
 
 @dataclass(frozen=True)
 class TaskLook:
-    """What Dask says of one task: its state (the scheduler's, else the future's),
-    the worker it runs on, its call stack there (innermost frames last)."""
+    """What Dask's scheduler says of one task: its state, the worker it runs on, its
+    call stack there (innermost frames last)."""
 
     state: str
     worker: str | None = None
@@ -99,7 +104,7 @@ def describe_stall(
         + (f" and {len(merging)} merge{'s' if len(merging) != 1 else ''}" if merging else "")
         + ":"
     ]
-    for (e, shard), number, look, attempts in waiting:
+    for (e, shard), number, look, attempts in waiting[:SHOWN_TASKS]:
         dask = "Dask: not asked" if look is None else f"Dask: {look.state}"
         if look is not None and look.worker:
             dask += f" on {look.worker}"
@@ -107,6 +112,12 @@ def describe_stall(
         lines.append(f"  epoch {e} shard {shard}, submission {number}: {dask}; {rows}")
         if look is not None and look.stack:
             lines.extend(f"      {frame.rstrip()}" for frame in look.stack[-STACK_LINES:])
+    rest = Counter(
+        "not asked" if look is None else look.state for _, _, look, _ in waiting[SHOWN_TASKS:]
+    )
+    if rest:
+        states = ", ".join(f"{n} {state}" for state, n in sorted(rest.items()))
+        lines.append(f"  and {sum(rest.values())} more tasks ({states})")
     for e, shard in merging:
         lines.append(f"  epoch {e} shard {shard}: its merge not answered yet")
     if waiting and all(not a and look is not UNFOLLOWED for _, _, look, a in waiting):
@@ -211,11 +222,16 @@ def check_stall(ex: EpochExecutor, now: float) -> None:
         return
     followed = {key: (n, _dask_key(f)) for (key, n), f in ex.futures.items()}
     looks = look_up_tasks(ex.dask_client, [d for _, d in followed.values() if d is not None])
-    waiting = []
+    flying: list[tuple[Key, int, TaskLook | None]] = []
     for key in sorted(ex.state.in_flight | set(followed)):
         number, dask_key = followed.get(key, (0, None))
-        look = looks.get(dask_key) if key in followed else UNFOLLOWED
-        waiting.append((key, number, look, ex.attempts_of(key)))
+        flying.append((key, number, looks.get(dask_key) if key in followed else UNFOLLOWED))
+    # Those on a worker first: their stacks say the most.
+    flying.sort(key=lambda item: item[2] is None or item[2].worker is None)
+    waiting = [
+        (key, number, look, ex.attempts_of(key) if i < SHOWN_TASKS else ())
+        for i, (key, number, look) in enumerate(flying)
+    ]
     ex.log.warning("%s", describe_stall(ex.epoch, quiet, waiting, merging=sorted(ex.state.merging)))
 
 
@@ -228,11 +244,13 @@ def take_recorded(ex: EpochExecutor, quiet: float) -> bool:
     (:func:`~vcdl.driver.epoch_events.recorded_return`); the task is cancelled
     and, should it come back after all, ignored.
     """
+    rows = ex.ledger.attempts(ex.ref.run, states=MERGEABLE_ATTEMPT_STATES)
+    with_result = {(a.epoch, a.shard) for a in rows}
     taken = False
     for (key, number), fut in list(ex.futures.items()):
-        attempts = ex.attempts_of(key)
-        if fut not in ex.tasks or not any(a.state in MERGEABLE_ATTEMPT_STATES for a in attempts):
+        if fut not in ex.tasks or key not in with_result:
             continue
+        attempts = ex.attempts_of(key)
         ex.log.warning(
             "epoch %d shard %d: its attempt is in the ledger as a result but its task "
             "(submission %d) is not back after %.0f s; merging it from the ledger",

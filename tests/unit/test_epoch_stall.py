@@ -7,7 +7,14 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flows.epoch_stall import STALL_FRACTION, UNFOLLOWED, TaskLook, describe_stall, stall_due
+from flows.epoch_stall import (
+    SHOWN_TASKS,
+    STALL_FRACTION,
+    UNFOLLOWED,
+    TaskLook,
+    describe_stall,
+    stall_due,
+)
 from vcdl.driver.epoch_events import AttemptFact
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -74,3 +81,13 @@ def test_a_subtask_in_flight_with_no_task_and_an_unanswered_merge_are_named() ->
     assert "no task followed by the driver" in text
     assert "epoch 2 shard 1: its merge not answered yet" in text
     assert "No attempt has claimed" not in text
+
+
+def test_a_report_of_many_tasks_names_twenty_and_counts_the_rest() -> None:
+    waiting = [((0, i), 1, TaskLook("queued"), []) for i in range(25)]
+    waiting += [((0, 25 + i), 1, None, []) for i in range(5)]
+    text = describe_stall(0, 300.0, waiting, NOW)
+    assert text.splitlines()[0] == "epoch 0: no result for 300 s; waiting for 30 tasks:"
+    named = [line for line in text.splitlines() if ", submission 1: " in line]
+    assert len(named) == SHOWN_TASKS == 20
+    assert "  and 10 more tasks (5 not asked, 5 queued)" in text.splitlines()
