@@ -35,12 +35,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from flows.workarounds.task_runs import dask_key, runner_done
 from vcdl.driver.epoch_events import AttemptFact, Key, recorded_return
 from vcdl.states import MERGEABLE_ATTEMPT_STATES
 
 if TYPE_CHECKING:
-    from prefect.futures import PrefectFuture
-
     from flows.epoch import EpochExecutor
 
 log = logging.getLogger(__name__)
@@ -190,17 +189,6 @@ class StallWatch:
         self.quiet_since, self.reports = now, 0
 
 
-def _dask_key(fut: PrefectFuture[Any]) -> Any:
-    """The Dask key of the future's task (None outside a Dask task runner)."""
-    return getattr(getattr(fut, "wrapped_future", None), "key", None)
-
-
-def _finished(fut: PrefectFuture[Any]) -> bool:
-    """Whether the future's runner (Dask, a thread pool) has finished its task."""
-    wrapped = getattr(fut, "wrapped_future", None)
-    return bool(wrapped is not None and wrapped.done())
-
-
 def check_stall(ex: EpochExecutor, now: float) -> None:
     """What the epoch does after a stall report's wait without a result (the module's
     docstring): hand over what came back unseen, take results the ledger holds, else
@@ -210,7 +198,7 @@ def check_stall(ex: EpochExecutor, now: float) -> None:
     if ex.state.finished or not stall_due(quiet, watch.reports, ex.cfg.fault.attempt_timeout):
         return
     watch.reports += 1
-    lost = [f for f in ex.futures.values() if f in ex.tasks and _finished(f)]
+    lost = [f for f in ex.futures.values() if f in ex.tasks and runner_done(f)]
     for fut in lost:
         ex.log.warning(
             "epoch %d: a task Dask finished (%s) never reached the driver; taken now",
@@ -220,12 +208,12 @@ def check_stall(ex: EpochExecutor, now: float) -> None:
         ex.done.put(fut)
     if lost or take_recorded(ex, quiet):
         return
-    followed = {key: (n, _dask_key(f)) for (key, n), f in ex.futures.items()}
+    followed = {key: (n, dask_key(f)) for (key, n), f in ex.futures.items()}
     looks = look_up_tasks(ex.dask_client, [d for _, d in followed.values() if d is not None])
     flying: list[tuple[Key, int, TaskLook | None]] = []
     for key in sorted(ex.state.in_flight | set(followed)):
-        number, dask_key = followed.get(key, (0, None))
-        flying.append((key, number, looks.get(dask_key) if key in followed else UNFOLLOWED))
+        number, task_key = followed.get(key, (0, None))
+        flying.append((key, number, looks.get(task_key) if key in followed else UNFOLLOWED))
     # Those on a worker first: their stacks say the most.
     flying.sort(key=lambda item: item[2] is None or item[2].worker is None)
     waiting = [

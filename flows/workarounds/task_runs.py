@@ -14,6 +14,9 @@ Two behaviours worked around (Prefect 3.8, prefect-dask 0.3.7, distributed
   engine and a ledger lookup for each, on the surviving workers, at every
   kill. :func:`release` lets Dask forget a task whose result the driver has
   consumed.
+
+:func:`dask_key` and :func:`runner_done` read the same wrapped future for the
+epoch's stall report (``flows/epoch_stall.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,17 @@ def cancel(future: PrefectFuture[Any]) -> None:
     wrapped = getattr(future, "wrapped_future", None)
     if wrapped is not None:
         wrapped.cancel()
+
+
+def dask_key(future: PrefectFuture[Any]) -> Any:
+    """The Dask key of the future's task (None outside a Dask task runner)."""
+    return getattr(getattr(future, "wrapped_future", None), "key", None)
+
+
+def runner_done(future: PrefectFuture[Any]) -> bool:
+    """Whether the future's runner (Dask, a thread pool) has finished its task."""
+    wrapped = getattr(future, "wrapped_future", None)
+    return bool(wrapped is not None and wrapped.done())
 
 
 def set_task_run_state(
