@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
+from tests import prefecthome
 from tests.ports import free_port
 from tests.tlscerts import Leaf
 
@@ -200,7 +201,7 @@ def prefect_server(
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_UI_ENABLED": "false",
     }
-    home.mkdir(parents=True, exist_ok=True)
+    prefecthome.seed(home)
     proc = Process(_installed(prefect_argv("127.0.0.1", port)), server_env, home / "server.log")
     try:
         yield f"http://127.0.0.1:{port}/api", proc

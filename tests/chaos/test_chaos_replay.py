@@ -35,6 +35,7 @@ import psutil
 import pytest
 
 from benchmarks.cli_proc import log_tail, reap, start_vcdl
+from tests import prefecthome
 from vcdl.chaos import sent_counts
 from vcdl.ledger import Attempt, Ledger
 
@@ -218,7 +219,9 @@ def test_a_chaos_run_with_a_killed_driver_replays_bit_for_bit(
     t = time.monotonic()
     replay = subprocess.run(
         [sys.executable, "-m", "vcdl.cli", "replay", "chaos", "--json", "--home", str(home)],
-        env=dict(os.environ, PREFECT_HOME=str(home / "prefect"), VCDL_HOME=str(home)),
+        env=dict(
+            os.environ, PREFECT_HOME=str(prefecthome.seed(home / "prefect")), VCDL_HOME=str(home)
+        ),
         capture_output=True,
         text=True,
         timeout=300,

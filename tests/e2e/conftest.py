@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import prefecthome
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,7 +112,7 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "VCDL_"))}
     env |= {
-        "PREFECT_HOME": str(tmp / "prefect-home"),
+        "PREFECT_HOME": str(prefecthome.seed(tmp / "prefect-home")),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_LOCAL_STORAGE_PATH": str(tmp / "results"),
         "PREFECT_WORKER_QUERY_SECONDS": "1",

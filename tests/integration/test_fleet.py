@@ -37,6 +37,7 @@ import numpy as np
 import pytest
 
 from benchmarks.cli_proc import kill_group
+from tests import prefecthome
 from tests.ports import free_port
 from tests.procenv import clean_env
 from tests.s3fixture import S3_KEY, S3_SECRET, make_bucket
@@ -287,7 +288,7 @@ def test_fleet_run_survives_a_lost_worker(
     # -- Prefect server, its own home --------------------------------------------
     prefect_port = free_port()
     api_url = f"http://127.0.0.1:{prefect_port}/api"
-    server_env = dict(env, PREFECT_HOME=str(tmp_path / "prefect-server"))
+    server_env = dict(env, PREFECT_HOME=str(prefecthome.seed(tmp_path / "prefect-server")))
     server = fleet.spawn(
         "prefect-server",
         [str(BIN / "prefect"), "server", "start", *_listen(prefect_port), "--no-ui"],

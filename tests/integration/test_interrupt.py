@@ -36,6 +36,7 @@ import psutil
 import pytest
 
 from benchmarks.cli_proc import kill_group
+from tests import prefecthome
 from tests.driverwait import wait_for_run
 from vcdl.ledger import Ledger, Run
 
@@ -52,7 +53,7 @@ def _cli(home: Path, *args: str) -> list[str]:
 def _env(home: Path) -> dict[str, str]:
     env = dict(
         os.environ,
-        PREFECT_HOME=str(home / "prefect"),
+        PREFECT_HOME=str(prefecthome.seed(home / "prefect")),
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
     )
     # The run's own temporary Prefect API server: no PREFECT_API_URL.

@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from tests import prefecthome
 from vcdl.cli import main
 
 SECRET = "Pl4nted-Secr3t-9f2c"
@@ -233,7 +234,7 @@ def test_a_credential_from_the_environment_leaks_nowhere_in_a_whole_run(
         f"[cluster]\nworkers = 2\n[store]\nurl = '{url}'\n"
         f"[store.storage_options]\nendpoint_url = '{endpoint}'\n"
     )
-    home, prefect_home = tmp_path / "home", tmp_path / "prefect"
+    home, prefect_home = tmp_path / "home", prefecthome.seed(tmp_path / "prefect")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "AWS_"))}
     env |= {
         "PYTHONPATH": str(REPO),

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.cli_proc import kill_group
+from tests import prefecthome
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.alone]
 
@@ -49,7 +50,7 @@ def _setup(
     cfg.write_text(CONFIG.format(epochs=epochs))
     env = dict(
         os.environ,
-        PREFECT_HOME=str(home / "prefect"),
+        PREFECT_HOME=str(prefecthome.seed(home / "prefect")),
         VCDL_HOME=str(home),
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         COLUMNS="100",
