@@ -3,8 +3,8 @@
 A Prefect API server on a fresh ``PREFECT_HOME`` first creates its SQLite
 database through every migration: measured here, a first flow run with its
 temporary server took 19–23 s against 11–12 s on a home whose database was
-already there. The tests start some thirty such servers (each ``vcdl``
-subprocess that runs without ``PREFECT_API_URL``, each ``prefect server
+already there. The tests start such servers in many places (a ``vcdl``
+subprocess that runs without ``PREFECT_API_URL``, a ``prefect server
 start``). :func:`seed` gives a home a copy of one database migrated once per
 test process, so that each of them pays only its own start.
 
@@ -14,6 +14,7 @@ the core install): they keep an empty home.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import sqlite3
@@ -39,6 +40,8 @@ _MIGRATE = (
 
 def _build() -> Path:
     work = Path(tempfile.mkdtemp(prefix="vcdl-prefect-template-"))
+    # Gone with the test process that made it: nothing of a test outlives the suite.
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
     home = work / "home"
     env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
     # The migration must write the home's own database, not a server's elsewhere.
