@@ -52,6 +52,7 @@ from prefect.futures import PrefectFuture
 from prefect.states import Cancelled
 
 from flows.cluster import worker_left_at
+from flows.epoch_pins import ShardPins
 from flows.epoch_returns import DispatchClock, task_event
 from flows.epoch_stall import StallWatch, check_stall
 from flows.epoch_tidy import prune_versions, settle_results
@@ -60,7 +61,6 @@ from flows.tasks import evaluate_head, train_shard
 from flows.workarounds.shared_runner import run_dask_client
 from flows.workarounds.task_runs import cancel, release, set_task_run_state
 from vcdl.config import RunConfig
-from vcdl.data import open_dataset
 from vcdl.driver.assimilator import MergeOutcome, merge_attempt
 from vcdl.driver.epoch_events import (
     Abandon,
@@ -99,7 +99,6 @@ from vcdl.driver.epoch_loop import RunStopping, current_gate
 from vcdl.driver.epoch_state import EpochState
 from vcdl.driver.fold import merge_attempts
 from vcdl.driver.head_cache import run_head_cache
-from vcdl.driver.throughput import plan_epoch
 from vcdl.errors import EpochFailed, LeaseLost
 from vcdl.merge.rules import rule_of
 from vcdl.metrics.exporter import note_event, note_kill
@@ -153,8 +152,8 @@ class EpochExecutor:
         self.gate = current_gate()
         # To ask the scheduler when a killed attempt's worker died (for its bill).
         self.dask_client = run_dask_client()
-        # Shard -> the worker the throughput plan pinned it to (ensure_subtasks).
-        self.pinned: dict[int, str] = {}
+        # The workers the throughput plan pinned the shards to (ensure_subtasks).
+        self.pins = ShardPins(self.dask_client)
         # When a result last came back, and the stall reports since (flows/epoch_stall.py).
         self.stall = StallWatch()
 
@@ -307,39 +306,8 @@ class EpochExecutor:
         return []
 
     def ensure_subtasks(self) -> None:
-        """Create the epoch's subtasks, with a throughput plan under ``cluster.sizing``.
-
-        An epoch whose subtasks exist (a resumed one) keeps the plan they
-        were created with: its shards' rows never change. Its pins are kept
-        too, whether those workers are still there or not (a gone one's
-        shard runs anywhere).
-        """
-        shards = self.cfg.data.shards
-        rows: list[int] | None = None
-        workers: list[str] | None = None
-        fleet = self._fleet() if self.cfg.cluster.sizing == "throughput" else []
-        if fleet:
-            n = open_dataset(self.ref.store(), self.cfg.data.name).n_train
-            plan = plan_epoch(self.ledger, self.ref.run, self.epoch, n, shards, fleet)
-            if plan is not None:
-                rows, workers = plan
-        subtasks = self.ledger.ensure_subtasks(
-            self.ref.run, self.epoch, shards, rows=rows, workers=workers
-        )
-        self.pinned = {s.shard: s.worker for s in subtasks if s.worker is not None}
-        if any(s.rows is not None for s in subtasks):
-            self.log.info(
-                "epoch %d: shards sized by throughput: %s",
-                self.epoch,
-                ", ".join(f"{s.rows} rows on {s.worker}" for s in subtasks),
-            )
-
-    def _fleet(self) -> list[str]:
-        """The Dask workers' addresses now (none outside a Dask task runner)."""
-        client = self.dask_client
-        if client is None:
-            return []
-        return sorted(client.scheduler_info().get("workers", {}))
+        """Create the epoch's subtasks, with its throughput plan (flows/epoch_pins.py)."""
+        self.pins.ensure_subtasks(self.ref, self.cfg, self.ledger, self.epoch, self.log)
 
     def submit(self, key: Key, number: int, base: int | None) -> None:
         """Submit the subtask's shard task (its ``number``-th), from version ``base``
@@ -363,9 +331,9 @@ class EpochExecutor:
             # Two epochs' tasks may wait for workers at once: the earlier epoch's first
             # (its barrier is what the later one's results wait for).
             annotations["priority"] = -epoch
-        pinned = self.pinned.get(shard)
+        pinned = self.pins.address(shard)
         if pinned is not None:
-            # The throughput plan's worker, sized for it; when it is gone
+            # The throughput plan's worker, sized for it; when it goes
             # (preempted, left) another worker takes the shard, not nobody.
             annotations.update(workers=[pinned], allow_other_workers=True)
         with dask.annotate(**annotations) if annotations else contextlib.nullcontext():

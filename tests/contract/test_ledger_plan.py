@@ -1,5 +1,5 @@
-"""The throughput plan in the ledger (migration 0013: subtask.rows, subtask.worker),
-on SQLite and PostgreSQL."""
+"""The throughput plan in the ledger (migration 0013: subtask.rows, subtask.worker; 0014:
+attempt.worker_name), on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -43,3 +43,27 @@ def test_a_plan_of_the_wrong_length_is_refused(ledger: Ledger, field: str) -> No
     with pytest.raises(LedgerError, match="one entry per shard"):
         ledger.ensure_subtasks("p", 0, 2, **plan)  # type: ignore[arg-type]
     assert ledger.subtasks("p") == []
+
+
+def test_an_attempt_records_its_workers_name_beside_its_address(ledger: Ledger) -> None:
+    """Migration 0014: the name the throughput plan measures and pins a worker by, on the
+    fast path (PostgreSQL's one statement) and the fenced one (a claim under a lease)."""
+    ledger.create_run("p", "{}", "p/v0", "c0")
+    ledger.ensure_subtasks("p", 0, 3)
+    lease = ledger.acquire_lease("p", "driver", 60)
+    made = [
+        ledger.start_attempt("p", 0, 0, "tcp://h:1", worker_name="spot-3"),
+        ledger.start_attempt("p", 0, 1, "tcp://h:2", worker_name="1", lease=lease),
+        ledger.start_attempt("p", 0, 2, "tcp://h:3"),
+    ]
+    assert [(a.worker, a.worker_name) for a in made] == [
+        ("tcp://h:1", "spot-3"),
+        ("tcp://h:2", "1"),
+        ("tcp://h:3", None),
+    ]
+    got = sorted(ledger.attempts("p"), key=lambda a: a.shard)
+    assert [(a.worker, a.worker_name) for a in got] == [
+        ("tcp://h:1", "spot-3"),
+        ("tcp://h:2", "1"),
+        ("tcp://h:3", None),
+    ]

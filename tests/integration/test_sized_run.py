@@ -2,7 +2,8 @@
 the first epoch is even, the later ones sized by the throughput the ledger measured and
 pinned to their workers; every sample is trained once per epoch; the audit is clean and
 the run replays bit for bit. Its driver is killed in the last epoch once that epoch's plan
-is recorded, and ``vcdl resume`` carries out the recorded plan on a new cluster."""
+is recorded, and ``vcdl resume`` carries out the recorded plan on a new cluster: each shard
+on the worker of the name it was pinned to, at that worker's new address."""
 
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def test_later_epochs_follow_the_measured_throughput_through_a_killed_driver(
     subtasks = ledger.subtasks("sized")
     attempts = ledger.attempts("sized")
     merged = [a for a in attempts if a.state == "merged"]
-    slow = {a.worker for a in merged if SPEED_KEY in attempt_timings(a) and a.epoch < 2}
+    slow = {a.worker_name for a in merged if SPEED_KEY in attempt_timings(a) and a.epoch < 2}
     assert len(slow) == 1, "the slow worker trained"
 
     # Epoch 0 is even (nothing measured yet): no plan recorded.
@@ -124,20 +125,18 @@ def test_later_epochs_follow_the_measured_throughput_through_a_killed_driver(
                 (a.epoch, a.shard, a.state, a.worker, a.samples, a.reason) for a in attempts
             ] + [(t.epoch, t.shard, t.state, t.rows, t.worker, t.reason) for t in subtasks]
             (a,) = ours
-            # Pinned to its planned worker, unless that worker went with the killed
-            # driver: then anywhere (its rows are still the plan's).
-            assert a.worker == s.worker or a.started_at >= killed_at, (a, s)
+            # On its planned worker, known by name: the resumed driver's new cluster
+            # has it on a new address and pins the shard to it there.
+            assert a.worker_name == s.worker, (a, s)
             assert a.samples == (s.rows or 0) * cfg.train.local_epochs
         rows = shard_plan(n, 2, cfg.run.seed, epoch, block=None, sizes=[r or 0 for r in sizes])
         assert np.array_equal(np.sort(np.concatenate(rows)), np.arange(n))
 
-    after = [
-        (a.shard, a.worker in {s.worker for s in subtasks})
-        for a in merged
-        if a.started_at >= killed_at
-    ]
-    print(f"merged after the resume (shard, on a planned worker): {after}")
+    before = {a.worker for a in attempts if a.started_at < killed_at}
+    after = [(a.shard, a.worker_name, a.worker) for a in merged if a.started_at >= killed_at]
+    print(f"merged after the resume (shard, worker name, address): {after}")
     assert after, "nothing was left for the resumed driver"
+    assert not {address for _, _, address in after} & before, "not a new cluster"
 
     # Every sample of every epoch trained once: the merged attempts' samples add up.
     for epoch in range(3):

@@ -7,11 +7,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vcdl.driver.merge_plan import SIZE_SHARE, Candidate, blend_of
-from vcdl.driver.throughput import epoch_plan, share_of, throughput_by_worker
+from vcdl.driver.throughput import (
+    epoch_plan,
+    pinned_address,
+    share_of,
+    throughput_by_worker,
+    worker_key,
+)
 from vcdl.ledger import Attempt
 
 
-def attempt(worker: str, samples: int | None, seconds: float | None, state: str = "finished"):
+def attempt(
+    worker: str,
+    samples: int | None,
+    seconds: float | None,
+    state: str = "finished",
+    name: str | None = None,
+):
     return Attempt(
         run="r",
         subtask_id=1,
@@ -23,6 +35,7 @@ def attempt(worker: str, samples: int | None, seconds: float | None, state: str 
         state=state,
         samples=samples,
         train_seconds=seconds,
+        worker_name=name,
     )
 
 
@@ -42,6 +55,33 @@ def test_throughput_is_samples_over_training_seconds_of_finished_attempts() -> N
     resumed = attempt("a", 5000, 1.0)
     resumed.resumed_from = "other"  # its samples count another worker's checkpoint
     assert throughput_by_worker([attempt("a", 100, 1.0), resumed]) == {"a": 100.0}
+
+
+def test_a_worker_is_measured_by_its_name_across_addresses_by_its_address_before_names() -> None:
+    # Worker "1" on two addresses (a resumed driver's new cluster): one worker, one pace.
+    got = throughput_by_worker(
+        [
+            attempt("tcp://h:1001", 100, 1.0, name="1"),
+            attempt("tcp://h:2002", 300, 1.0, name="1"),
+            attempt("tcp://h:1000", 50, 1.0, name="0"),
+            attempt("tcp://old", 10, 1.0),  # recorded before names (ledger migration 0014)
+        ]
+    )
+    assert got == {"1": 200.0, "0": 50.0, "tcp://old": 10.0}
+    assert worker_key(attempt("tcp://a", 1, 1.0)) == "tcp://a"
+    assert worker_key(attempt("tcp://a", 1, 1.0, name="spot-3")) == "spot-3"
+
+
+def test_a_pin_finds_its_worker_by_name_on_a_new_address_or_by_its_address() -> None:
+    fleet = {"tcp://h:2000": "0", "tcp://h:2001": "1"}
+    assert pinned_address("1", fleet) == "tcp://h:2001"
+    assert pinned_address("0", fleet) == "tcp://h:2000"
+    # A plan recorded before names pinned addresses: one still there is itself.
+    assert pinned_address("tcp://h:2001", fleet) == "tcp://h:2001"
+    # Gone (name and address): unpinned, the shard runs anywhere.
+    assert pinned_address("2", fleet) is None
+    assert pinned_address("tcp://h:1000", fleet) is None
+    assert pinned_address("0", {}) is None
 
 
 def test_a_plan_pins_shards_round_robin_and_sizes_them_by_throughput() -> None:

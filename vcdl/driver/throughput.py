@@ -4,9 +4,17 @@
 attempts it trained: samples over training seconds (emulated waits included:
 they are the worker's pace), summed over its attempts of the run's earlier
 epochs that recorded a result (merged, or waiting to be). :func:`epoch_plan`
-(pure) pins shard k to worker ``k % workers`` (workers by address) and sizes
-every shard by its worker's throughput over the shards pinned to that worker
+(pure) pins shard k to worker ``k % workers`` and sizes every shard by its
+worker's throughput over the shards pinned to that worker
 (:func:`vcdl.data.sizing.shard_sizes`), so the workers end together.
+
+Workers are known by their Dask *name* (:func:`worker_key`), not their address:
+a LocalCluster numbers its workers and ``dask worker --name`` names one, and
+the name outlives the address (a restarted worker, a resumed driver's new
+cluster), so a resumed epoch's recorded plan is carried out on the workers it
+was sized for. Dask names an unnamed worker by its address, and an attempt
+recorded before names were (ledger migration 0014) is known by its address:
+both are what they were. :func:`pinned_address` finds a pin's worker now.
 :func:`plan_epoch` is the I/O edge: it reads the attempts from the ledger;
 :func:`planned_sizes` reads an epoch's recorded plan back (a worker cuts its
 rows by it, a replay and a what-if weigh its results by it), :func:`planned_rows`
@@ -30,8 +38,25 @@ MEASURED_STATES = frozenset({"finished", "interrupted", "merged"})
 (a partial result too: its samples are the ones its seconds trained)."""
 
 
+def worker_key(attempt: Attempt) -> str:
+    """The name a worker is measured and pinned by: its Dask name (its address before 0014)."""
+    return attempt.worker_name or attempt.worker
+
+
+def pinned_address(pin: str, fleet: Mapping[str, str]) -> str | None:
+    """The address of the worker ``pin`` names in ``fleet`` (address -> name); None: gone.
+
+    A pin is a worker's name, or an address (a plan recorded before 0014, or a
+    worker Dask named by its address); an address still in the fleet is itself.
+    """
+    if pin in fleet:
+        return pin
+    return next((address for address, name in fleet.items() if name == pin), None)
+
+
 def throughput_by_worker(attempts: Iterable[Attempt]) -> dict[str, float]:
-    """Samples a second of each worker, over its attempts that trained and recorded it.
+    """Samples a second of each worker (by :func:`worker_key`), over its attempts that
+    trained and recorded it.
 
     A resumed attempt is left out: its samples count the checkpoint's, trained
     by another worker.
@@ -43,8 +68,9 @@ def throughput_by_worker(attempts: Iterable[Attempt]) -> dict[str, float]:
             continue
         if not a.samples or not a.train_seconds or a.train_seconds <= 0 or a.samples <= 0:
             continue
-        samples[a.worker] = samples.get(a.worker, 0) + a.samples
-        seconds[a.worker] = seconds.get(a.worker, 0.0) + a.train_seconds
+        key = worker_key(a)
+        samples[key] = samples.get(key, 0) + a.samples
+        seconds[key] = seconds.get(key, 0.0) + a.train_seconds
     return {w: samples[w] / seconds[w] for w in samples}
 
 
@@ -53,7 +79,7 @@ def epoch_plan(
 ) -> tuple[list[int], list[str]] | None:
     """Rows per shard and the worker each shard is pinned to; None: the even plan.
 
-    ``workers``: the fleet's addresses now. A worker with no measurement
+    ``workers``: the fleet's workers now, by :func:`worker_key`. A worker with no measurement
     counts at the median of the fleet's measured workers. With none of them measured (the first
     epoch, or a fleet all new after a resume) there is nothing to size by:
     None, and the epoch is the even plan exactly, its shards unpinned.

@@ -94,8 +94,9 @@ class Subtask(SQLModel, table=True):
     merged_version: int | None = None
     reason: str | None = None
     # The throughput plan (cluster.sizing = "throughput", vcdl/data/sizing.py):
-    # the shard's training rows and the worker it is pinned to. NULL: the even
-    # plan (every subtask of a run before 0013, and of an "even" run).
+    # the shard's training rows and the worker it is pinned to (its name, from
+    # 0014 on; an address before, and for a worker Dask named by its address).
+    # NULL: the even plan (every subtask of a run before 0013, and of an "even" run).
     rows: int | None = None
     worker: str | None = None
 
@@ -150,6 +151,10 @@ class Attempt(SQLModel, table=True):
     # config (seed, resumed samples, the attempts whose optimizer state or
     # EASGD variable it continued, device): vcdl.replay. NULL before 0011.
     replay_inputs: str | None = Field(default=None, sa_type=Text)
+    # The Dask worker's name (``worker`` is its address): what outlives a restart
+    # on a new address, so the throughput plan measures and pins by it. NULL
+    # before 0014 (vcdl.driver.throughput falls back to the address).
+    worker_name: str | None = None
 
 
 FOLDED_CHECKSUM = "folded"

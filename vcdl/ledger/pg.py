@@ -131,10 +131,11 @@ WITH head AS (
       AND COALESCE(%(base)s::integer, 0) BETWEEN 0 AND (SELECT head_version FROM head)
     RETURNING id, attempts
 )
-INSERT INTO attempt (id, run, subtask_id, epoch, shard, number, worker, base_version,
-                     state, started_at, deadline)
+INSERT INTO attempt (id, run, subtask_id, epoch, shard, number, worker, worker_name,
+                     base_version, state, started_at, deadline)
 SELECT %(id)s, %(run)s, counted.id, %(epoch)s::integer, %(shard)s::integer, counted.attempts,
-       %(worker)s, COALESCE(%(base)s::integer, (SELECT head_version FROM head)), 'running',
+       %(worker)s, %(worker_name)s::varchar,
+       COALESCE(%(base)s::integer, (SELECT head_version FROM head)), 'running',
        %(started_at)s::timestamptz, %(deadline)s::timestamptz
 FROM counted
 RETURNING subtask_id, number, base_version

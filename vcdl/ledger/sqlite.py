@@ -44,7 +44,8 @@ DUPLICATE_SOURCES: Final = MERGE_DUPLICATE_SOURCES
 def start_attempt_row(
     c: Connection, values: dict[str, Any], base: int | None
 ) -> tuple[int, int, int] | None:
-    """Insert the attempt ``values`` (run, epoch, shard, id, worker, started_at, deadline).
+    """Insert the attempt ``values`` (run, epoch, shard, id, worker, worker_name, started_at,
+    deadline).
 
     Returns its (subtask id, number, base version), or None if the subtask
     does not exist or there is no version ``base`` (then nothing was changed).

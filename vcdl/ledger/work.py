@@ -221,6 +221,7 @@ class WorkQueries(LedgerBase):
         base_version: int | None = None,
         deadline: datetime | None = None,
         lease: int | None = None,
+        worker_name: str | None = None,
     ) -> Attempt:
         """Record a new attempt at subtask (name, epoch, shard) and return it.
 
@@ -230,10 +231,12 @@ class WorkQueries(LedgerBase):
         in the same transaction. ``lease``: the generation of the driver that
         submitted the attempt; the claim is refused (:class:`LeaseLost`) if
         the run's lease has passed on since (vcdl/ledger/fence.py).
+        ``worker`` is the worker's address, ``worker_name`` its name where it
+        has one that outlives the address (:mod:`vcdl.driver.throughput`).
         """
         if lease is not None:
             return self.fenced(name, lease).start_attempt(
-                name, epoch, shard, worker, base_version, deadline
+                name, epoch, shard, worker, base_version, deadline, worker_name=worker_name
             )
         values: dict[str, Any] = {
             "id": uuid4().hex,
@@ -241,6 +244,7 @@ class WorkQueries(LedgerBase):
             "epoch": epoch,
             "shard": shard,
             "worker": worker,
+            "worker_name": worker_name,
             "started_at": models.utcnow(),
             "deadline": deadline,
         }

@@ -94,6 +94,21 @@ def worker_name() -> str:
         return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def dask_worker_name() -> str | None:
+    """The Dask worker's name when inside one (a LocalCluster's number, ``dask worker
+    --name``'s; Dask names an unnamed worker by its address), else None.
+
+    What outlives the worker's address (a restart, a resumed driver's new local
+    cluster): the throughput plan measures and pins workers by it.
+    """
+    try:
+        from distributed import get_worker
+
+        return str(get_worker().name)
+    except (ImportError, ValueError):
+        return None
+
+
 def attempt_seed(seed: int, epoch: int, shard: int) -> int:
     """Deterministic per subtask, so a reissued attempt trains like the first."""
     return int(np.random.SeedSequence([seed, epoch, shard]).generate_state(1)[0])
@@ -234,6 +249,7 @@ def run_attempt(
         base_version=resume[0].base_version if resume else base_version,
         deadline=deadline,
         lease=ref.lease,  # refused if the driver that sent this has lost the run
+        worker_name=dask_worker_name(),
     )
     timings["claim"] = time.perf_counter() - t0 - awaited - resumed
     if awaited:
