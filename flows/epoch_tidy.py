@@ -3,7 +3,8 @@
 Two calls of :class:`flows.epoch.EpochExecutor`, each an instruction of the
 epoch's state machine carried out: :func:`settle_results` (``Settle``: results
 that came in for subtasks merged from another attempt are recorded
-``duplicate`` and deleted; checkpoints nothing will resume are deleted, the
+``duplicate`` and deleted, those that came in for subtasks closed without a
+merge (dropped, failed) ``rejected`` and deleted; checkpoints nothing will resume are deleted, the
 pure decision being :func:`vcdl.driver.epoch_attempts.settle`) and
 :func:`prune_versions` (``Prune``: the retention policy, ``store.keep``).
 """
@@ -14,7 +15,7 @@ import logging
 
 from vcdl.config import RunConfig
 from vcdl.driver.epoch_attempts import settle
-from vcdl.driver.epoch_events import DropCheckpoint, RecordDuplicate
+from vcdl.driver.epoch_events import DropCheckpoint, RecordLate
 from vcdl.driver.gc import collect
 from vcdl.errors import StoreError
 from vcdl.ledger import Ledger
@@ -24,8 +25,8 @@ from vcdl.worker.attempt import drop_checkpoint
 
 
 def settle_results(ref: RunRef, ledger: Ledger) -> int:
-    """Record late duplicates and delete checkpoints nothing resumes any more; the
-    duplicates recorded."""
+    """Record late duplicates and late results of subtasks closed without a merge, and
+    delete checkpoints nothing resumes any more; the duplicates recorded."""
     store = ref.store()
     # Only attempts that may need settling (few at any time), and the
     # subtasks of their epochs: not every row of a long run at every barrier.
@@ -46,13 +47,19 @@ def settle_results(ref: RunRef, ledger: Ledger) -> int:
         if isinstance(step, DropCheckpoint):
             drop_checkpoint(ref, step.attempt_id)
             continue
-        assert isinstance(step, RecordDuplicate)
-        ledger.finish_attempt(
-            step.attempt_id, state="duplicate", reason="subtask merged from another attempt"
-        )
+        if isinstance(step, RecordLate):
+            ledger.finish_attempt(
+                step.attempt_id,
+                state="rejected",
+                reason=f"came in after its subtask was {step.subtask_state}: nothing merges it",
+            )
+        else:
+            ledger.finish_attempt(
+                step.attempt_id, state="duplicate", reason="subtask merged from another attempt"
+            )
+            duplicates += 1
         if step.result_uri:
             store.delete(step.result_uri)
-        duplicates += 1
     return duplicates
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from vcdl import api
 from vcdl.config import RunConfig, parse_config
+from vcdl.states import MERGEABLE_ATTEMPT_STATES
 from vcdl.views.audit import audit_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -33,7 +34,17 @@ def test_stragglers_dropped(prefect_api: None, tmp_path: Path) -> None:
     first, last = s["history"]
     assert first["dropped"] >= 1 and first["merged"] + first["dropped"] == 6
     assert last["merged"] == 6  # the final epoch always waits for every shard
-    assert audit_run(api.run_ref("q-drop", home=tmp_path)) == []
+    ref = api.run_ref("q-drop", home=tmp_path)
+    assert audit_run(ref) == []
+    # A dropped shard's attempt that was training goes on and returns its result after
+    # the drop: settled at the next barrier as rejected (waste), not left "finished"
+    # as if a merge were still to come.
+    ledger = ref.ledger()
+    dropped = {s.id for s in ledger.subtasks("q-drop") if s.state == "dropped"}
+    late = [a for a in ledger.attempts("q-drop") if a.subtask_id in dropped]
+    print("attempts of dropped subtasks:", [(a.shard, a.state, a.reason) for a in late])
+    assert not [a for a in late if a.state in MERGEABLE_ATTEMPT_STATES], late
+    assert all(a.result_uri is None or not ref.store().exists(a.result_uri) for a in late)
 
 
 def test_stragglers_reissued_next_epoch(prefect_api: None, tmp_path: Path) -> None:

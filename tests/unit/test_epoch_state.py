@@ -47,6 +47,7 @@ from vcdl.driver.epoch_events import (
     Opened,
     Prune,
     RecordDuplicate,
+    RecordLate,
     Reject,
     Say,
     Settle,
@@ -424,6 +425,23 @@ def test_settling_records_late_duplicates_and_drops_dead_checkpoints() -> None:
     ]
     subtasks = [row(id=1, state="merged"), row(id=2, state="failed"), row(id=3, state="deferred")]
     assert settle(attempts, subtasks) == [RecordDuplicate("dup", "r/dup"), DropCheckpoint("ck")]
+
+
+def test_settling_rejects_late_results_of_subtasks_closed_without_a_merge() -> None:
+    """A result that came in after its subtask was dropped at the straggler deadline, or
+    failed for good, is merged by nothing: it is waste, not a result waiting for a merge."""
+    row = SimpleNamespace
+    attempts = [
+        row(id="late", subtask_id=1, state="finished", result_uri="r/late", checkpoint_uri=None),
+        row(id="part", subtask_id=2, state="interrupted", result_uri="r/part", checkpoint_uri="c"),
+        row(id="wait", subtask_id=3, state="finished", result_uri="r/wait", checkpoint_uri=None),
+    ]
+    subtasks = [row(id=1, state="dropped"), row(id=2, state="failed"), row(id=3, state="running")]
+    assert settle(attempts, subtasks) == [
+        RecordLate("late", "r/late", "dropped"),
+        DropCheckpoint("part"),
+        RecordLate("part", "r/part", "failed"),
+    ]
 
 
 # -- what the executor used to decide ------------------------------------------------------

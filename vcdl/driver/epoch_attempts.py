@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from vcdl.driver.epoch_events import AttemptFact, DropCheckpoint, RecordDuplicate
+from vcdl.driver.epoch_events import AttemptFact, DropCheckpoint, RecordDuplicate, RecordLate
 from vcdl.states import MERGEABLE_ATTEMPT_STATES, TERMINAL_SUBTASK_STATES
 
 __all__ = ["as_marked", "free_attempts", "settle", "still_running"]
@@ -83,22 +83,28 @@ class _SettleSubtask(Protocol):
 
 def settle(
     attempts: Iterable[_SettleAttempt], subtasks: Iterable[_SettleSubtask]
-) -> list[RecordDuplicate | DropCheckpoint]:
+) -> list[RecordDuplicate | RecordLate | DropCheckpoint]:
     """What to tidy once an epoch passed its barrier.
 
     ``attempts``: those that may need it (mergeable, or with a checkpoint);
     ``subtasks``: those of their epochs. Results that arrived for subtasks
-    merged from another attempt are duplicates; checkpoints of attempts of
-    finished subtasks (killed ones nobody resumed, or superseded) are
-    deleted.
+    merged from another attempt are duplicates; results that arrived for
+    subtasks closed without a merge (dropped, failed) are late, rejected;
+    checkpoints of attempts of finished subtasks (killed ones nobody resumed,
+    or superseded) are deleted.
     """
     subs = list(subtasks)
-    merged = {s.id for s in subs if s.state == "merged"}
+    state_of = {s.id: s.state for s in subs}
     done = {s.id for s in subs if s.state in TERMINAL_SUBTASK_STATES}
-    out: list[RecordDuplicate | DropCheckpoint] = []
+    out: list[RecordDuplicate | RecordLate | DropCheckpoint] = []
     for a in attempts:
         if a.checkpoint_uri is not None and a.subtask_id in done:
             out.append(DropCheckpoint(a.id))
-        if a.state in MERGEABLE_ATTEMPT_STATES and a.subtask_id in merged:
+        if a.state not in MERGEABLE_ATTEMPT_STATES or a.subtask_id not in done:
+            continue
+        closed = state_of[a.subtask_id]
+        if closed == "merged":
             out.append(RecordDuplicate(a.id, a.result_uri))
+        else:
+            out.append(RecordLate(a.id, a.result_uri, closed))
     return out

@@ -441,6 +441,17 @@ class RecordDuplicate:
 
 
 @dataclass(frozen=True)
+class RecordLate:
+    """The attempt's subtask was closed without a merge (``dropped`` at the straggler
+    deadline, ``failed`` for good) before its result came in: nothing will merge it.
+    Record it rejected, delete its result."""
+
+    attempt_id: str
+    result_uri: str | None
+    subtask_state: str
+
+
+@dataclass(frozen=True)
 class DropCheckpoint:
     """Nothing resumes the attempt's checkpoint any more: forget and delete it."""
 
