@@ -27,8 +27,10 @@ story``; a failure to record one is said once and never fails the run.
 Longer than ~500 lines on purpose: one executor carries out every kind of
 instruction of the state machine; the decisions themselves live elsewhere,
 what a returned task means (its event, its dispatch phases) in
-:mod:`flows.epoch_returns`, and what is tidied (late duplicates,
-checkpoints, versions) in :mod:`flows.epoch_tidy`.
+:mod:`flows.epoch_returns`, what is tidied (late duplicates, late results
+of closed subtasks, checkpoints, versions) in :mod:`flows.epoch_tidy`, the
+stall report in :mod:`flows.epoch_stall`, and the throughput plan's pins
+in :mod:`flows.epoch_pins`.
 """
 
 from __future__ import annotations
