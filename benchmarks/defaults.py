@@ -161,23 +161,23 @@ def summarize(
     metric: str,
     higher: bool,
     rows: Mapping[str, Sequence[float]],
-    seconds: Mapping[str, Sequence[float]] | None = None,
+    seconds: Mapping[str, Sequence[float]],
 ) -> dict[str, Any]:
     """Medians, ranges and gaps to one process; which candidates meet the target; the
     median wall seconds of each (a vcdl run's include Prefect's and its cluster's start)."""
     ref = median(rows["one process"])
-    table: dict[str, dict[str, float | None]] = {
+    table: dict[str, dict[str, float]] = {
         name: {
             "median": round(median(vals), 4),
             "min": round(min(vals), 4),
             "max": round(max(vals), 4),
             "gap": round(gap(median(vals), ref, higher), 4),
-            "seconds": round(median(seconds[name]), 1) if seconds else None,
+            "seconds": round(median(seconds[name]), 1),
         }
         for name, vals in rows.items()
     }
     target = 0.01
-    met = {n: float(r["gap"] or 0.0) <= target for n, r in table.items() if n != "one process"}
+    met = {n: r["gap"] <= target for n, r in table.items() if n != "one process"}
     return {"job": job, "metric": metric, "target_gap": target, "rows": table, "met": met}
 
 
@@ -187,10 +187,9 @@ def print_job(r: Mapping[str, Any]) -> None:
     print(f"{'':26} {'median':>8} {'min':>8} {'max':>8} {'gap':>7} {'wall s':>7}")
     for name, row in r["rows"].items():
         verdict = "" if name == "one process" else ("met" if r["met"][name] else "MISSED")
-        wall = "" if row.get("seconds") is None else f"{row['seconds']:7.1f}"
         print(
             f"{name:26} {row['median']:8.4f} {row['min']:8.4f} {row['max']:8.4f} "
-            f"{100 * row['gap']:+7.2f} {wall:>7} {verdict}"
+            f"{100 * row['gap']:+7.2f} {row['seconds']:7.1f} {verdict}"
         )
 
 

@@ -4,8 +4,8 @@ Two calls of :class:`flows.epoch.EpochExecutor`, each an instruction of the
 epoch's state machine carried out: :func:`settle_results` (``Settle``: results
 that came in for subtasks merged from another attempt are recorded
 ``duplicate`` and deleted, those that came in for subtasks closed without a
-merge (dropped, failed) ``rejected`` and deleted; checkpoints nothing will resume are deleted, the
-pure decision being :func:`vcdl.driver.epoch_attempts.settle`) and
+merge (dropped, failed) ``rejected`` and deleted; checkpoints nothing will
+resume are deleted, the pure decision being :func:`vcdl.driver.epoch_attempts.settle`) and
 :func:`prune_versions` (``Prune``: the retention policy, ``store.keep``).
 """
 

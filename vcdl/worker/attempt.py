@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -53,6 +54,9 @@ from vcdl.worker.runtime import CARRIED_FROM, WorkerRuntime, current_runtime
 from vcdl.worker.shard_data import ShardData, load_shard
 from vcdl.worker.slots import await_own_merge
 from vcdl.worker.speed import SPEED_KEY, WAIT_KEY, speed_of
+
+if TYPE_CHECKING:
+    from distributed import Worker
 
 
 @dataclass
@@ -84,14 +88,20 @@ class AttemptOutcome:
         return asdict(self)
 
 
-def worker_name() -> str:
-    """The Dask worker's address when inside one, else host:pid."""
+def _dask_worker() -> Worker | None:
+    """The Dask worker this code runs in; None outside one."""
     try:
         from distributed import get_worker
 
-        return str(get_worker().address)
+        return get_worker()
     except (ImportError, ValueError):
-        return f"{socket.gethostname()}:{os.getpid()}"
+        return None
+
+
+def worker_name() -> str:
+    """The Dask worker's address when inside one, else host:pid."""
+    worker = _dask_worker()
+    return str(worker.address) if worker is not None else f"{socket.gethostname()}:{os.getpid()}"
 
 
 def dask_worker_name() -> str | None:
@@ -101,12 +111,8 @@ def dask_worker_name() -> str | None:
     What outlives the worker's address (a restart, a resumed driver's new local
     cluster): the throughput plan measures and pins workers by it.
     """
-    try:
-        from distributed import get_worker
-
-        return str(get_worker().name)
-    except (ImportError, ValueError):
-        return None
+    worker = _dask_worker()
+    return str(worker.name) if worker is not None else None
 
 
 def attempt_seed(seed: int, epoch: int, shard: int) -> int:
