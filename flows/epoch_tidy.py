@@ -19,6 +19,7 @@ from vcdl.driver.epoch_events import DropCheckpoint, RecordLate
 from vcdl.driver.gc import collect
 from vcdl.errors import StoreError
 from vcdl.ledger import Ledger
+from vcdl.ledger.pg import CLOSED_UNMERGED_END
 from vcdl.runtime import RunRef
 from vcdl.states import MERGEABLE_ATTEMPT_STATES
 from vcdl.worker.attempt import drop_checkpoint
@@ -51,7 +52,7 @@ def settle_results(ref: RunRef, ledger: Ledger) -> int:
             ledger.finish_attempt(
                 step.attempt_id,
                 state="rejected",
-                reason=f"came in after its subtask was {step.subtask_state}: nothing merges it",
+                reason=f"came in after its subtask was {step.subtask_state}{CLOSED_UNMERGED_END}",
             )
         else:
             ledger.finish_attempt(

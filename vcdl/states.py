@@ -95,7 +95,10 @@ SUBTASK_MOVES: Final[Mapping[str, frozenset[str]]] = {
 ATTEMPT_MOVES: Final[Mapping[str, frozenset[str]]] = {
     # running -> duplicate: a result that comes in for a subtask another
     # attempt merged already (vcdl.ledger.work.WorkQueries.finish_attempt), in
-    # the same statement, not at a later settle that may never come.
+    # the same statement, not at a later settle that may never come. A result
+    # for a subtask closed without a merge (dropped, failed) is recorded
+    # rejected by that statement: finished, then rejected, two moves in one
+    # (the driver itself cannot reject an attempt that has no result yet).
     "running": frozenset({"finished", "interrupted", "failed", "killed", "timeout", "duplicate"}),
     "finished": frozenset({"merged", "rejected", "duplicate"}),
     "interrupted": frozenset({"merged", "rejected", "duplicate"}),

@@ -1077,6 +1077,48 @@ def test_a_result_after_its_subtask_merged_is_recorded_a_duplicate_by_its_finish
     assert view.finish_attempt(running.id, state="finished").state == "duplicate"
 
 
+@pytest.mark.parametrize("fenced", [False, True], ids=["fast path", "fenced"])
+def test_a_result_after_its_subtask_closed_unmerged_is_recorded_rejected_by_its_finish(
+    ledger: Ledger, fenced: bool
+) -> None:
+    """A result that comes in after its subtask was dropped (quorum) or failed, past
+    the run's last settle: its own finish records it rejected, not finished (which
+    an audit would read as a result still waiting for a merge that never comes)."""
+    new_run(ledger, "a", shards=3)
+    ledger.update_run("a", state="running")
+    dropped = ledger.start_attempt("a", 0, 0, "w-dropped")
+    failed = ledger.start_attempt("a", 0, 1, "w-failed")
+    ledger.abandon_attempt(failed.id, state="killed", reason="worker died")
+    open_result = ledger.start_attempt("a", 0, 2, "w-open")
+    subs = ledger.subtasks("a", 0)
+    ledger.set_subtask_state(subs[0].id, "dropped", reason="quorum reached")
+    ledger.set_subtask_state(subs[1].id, "failed", reason="retries exhausted")
+    ledger.update_run("a", state="completed", epochs_completed=1)
+    view = ledger.fenced("a", ledger.acquire_lease("a", "driver", 60)) if fenced else ledger
+
+    done = view.finish_attempt(dropped.id, state="finished", result_uri="a/r0", samples=9)
+    assert (done.state, done.reason) == (
+        "rejected",
+        "came in after its subtask was dropped: nothing merges it",
+    )
+    assert (done.result_uri, done.samples) == ("a/r0", 9)  # what the worker recorded is kept
+    assert ledger.get_attempt(dropped.id).model_dump() == done.model_dump()  # as stored
+    # An attempt given up on, alive after all, with a partial result: the same.
+    late = view.finish_attempt(failed.id, state="interrupted", result_uri="a/r1", reason="notice")
+    assert (late.state, late.reason) == (
+        "rejected",
+        "came in after its subtask was failed: nothing merges it",
+    )
+    # Rejected is final; only a result is rejected so; an open subtask's result is kept.
+    with pytest.raises(IllegalTransition, match="'rejected' to 'finished'"):
+        view.finish_attempt(dropped.id, state="finished")
+    kept = view.finish_attempt(open_result.id, state="finished", result_uri="a/r2", reason="ok")
+    assert (kept.state, kept.reason) == ("finished", "ok")
+    crashed = ledger.start_attempt("a", 0, 2, "w-crash")
+    assert view.finish_attempt(crashed.id, state="failed", reason="boom").state == "failed"
+    assert [s.state for s in ledger.subtasks("a", 0)] == ["dropped", "failed", "running"]
+
+
 @pytest.mark.postgres
 @pytest.mark.parametrize("fenced", [False, True], ids=["fast path", "fenced"])
 def test_a_finish_waits_for_a_merge_of_its_subtask_under_way(pg_url: str, fenced: bool) -> None:

@@ -61,6 +61,14 @@ from vcdl.states import (
 MERGED_BY_ANOTHER: Final = "by another attempt; this result came in after it"
 """The end of a result's reason when its own finish records it a duplicate."""
 
+CLOSED_UNMERGED: Final = TERMINAL_SUBTASK_STATES - {"merged"}
+"""Subtask states a result can no longer be merged in and no other attempt was:
+its own finish records such a result rejected."""
+
+CLOSED_UNMERGED_END: Final = ": nothing merges it"
+"""The end of a result's reason when its own finish records it rejected
+(``came in after its subtask was dropped: nothing merges it``)."""
+
 MERGE_DUPLICATE_SOURCES: Final = sources(ATTEMPT_MOVES, "duplicate") - {"running"}
 """Attempt states a merge records as a duplicate of its subtask's version: not a
 running attempt, which has no result yet; its own finish records it so
@@ -146,7 +154,8 @@ RETURNING subtask_id, number, base_version
 # attempt, or its state is not one of %(sources)s (the lifecycle's, vcdl.states).
 # A result (%(state)s finished or interrupted) whose subtask another attempt
 # merged already is recorded as a duplicate instead, in this statement: after
-# the run's last settle nobody else would. The subtask's row is read FOR SHARE
+# the run's last settle nobody else would; one whose subtask was closed without
+# a merge (dropped, failed) as rejected, for the same reason. The subtask's row is read FOR SHARE
 # (only for a result): a merge of it in progress, which holds the row, is
 # waited for and its outcome read; a merge that comes later waits for this
 # statement, and its epoch's settle then finds the result. Read by id and then
@@ -154,23 +163,27 @@ RETURNING subtask_id, number, base_version
 # would be skipped without waiting for its lock.
 _FINISH_ATTEMPT = """
 WITH merged AS MATERIALIZED (
-    SELECT subtask.merged_version AS number FROM subtask
+    SELECT subtask.merged_version AS number, subtask.state AS closed FROM subtask
     WHERE subtask.id = (SELECT subtask_id FROM attempt WHERE id = %(id)s)
       AND %(state)s::varchar IN {mergeable}
     FOR SHARE
 )
 UPDATE attempt
-SET state = CASE WHEN (SELECT number FROM merged) IS NULL THEN %(state)s::varchar
-                 ELSE 'duplicate' END,
+SET state = CASE WHEN (SELECT number FROM merged) IS NOT NULL THEN 'duplicate'
+                 WHEN (SELECT closed FROM merged) IN {closed} THEN 'rejected'
+                 ELSE %(state)s::varchar END,
     finished_at = %(now)s::timestamptz,
     result_uri = COALESCE(%(result_uri)s::varchar, result_uri),
     samples = COALESCE(%(samples)s::integer, samples),
     loss = COALESCE(%(loss)s::float8, loss),
     train_seconds = COALESCE(%(train_seconds)s::float8, train_seconds),
-    reason = CASE WHEN (SELECT number FROM merged) IS NULL
-                  THEN COALESCE(%(reason)s::varchar, reason)
-                  ELSE 'subtask already merged as v' || (SELECT number FROM merged)
-                       || ' {by_another}' END,
+    reason = CASE WHEN (SELECT number FROM merged) IS NOT NULL
+                  THEN 'subtask already merged as v' || (SELECT number FROM merged)
+                       || ' {by_another}'
+                  WHEN (SELECT closed FROM merged) IN {closed}
+                  THEN 'came in after its subtask was ' || (SELECT closed FROM merged)
+                       || '{closed_end}'
+                  ELSE COALESCE(%(reason)s::varchar, reason) END,
     timings = COALESCE(%(timings)s::varchar, timings),
     data_bytes = COALESCE(%(data_bytes)s::bigint, data_bytes),
     data_requests = COALESCE(%(data_requests)s::integer, data_requests),
@@ -178,9 +191,12 @@ SET state = CASE WHEN (SELECT number FROM merged) IS NULL THEN %(state)s::varcha
 WHERE id = %(id)s AND state = ANY(%(sources)s)
 RETURNING {columns}
 """
-FINISH_ATTEMPT: Final = _FINISH_ATTEMPT.replace(
-    "{mergeable}", _sql_list(MERGEABLE_ATTEMPT_STATES)
-).replace("{by_another}", MERGED_BY_ANOTHER)
+FINISH_ATTEMPT: Final = (
+    _FINISH_ATTEMPT.replace("{mergeable}", _sql_list(MERGEABLE_ATTEMPT_STATES))
+    .replace("{closed}", _sql_list(CLOSED_UNMERGED))
+    .replace("{by_another}", MERGED_BY_ANOTHER)
+    .replace("{closed_end}", CLOSED_UNMERGED_END)
+)
 
 # The run's head version row; none: no such run (or an inconsistent ledger).
 HEAD: Final = """

@@ -38,6 +38,8 @@ from vcdl.ledger.models import (
     Subtask,
 )
 from vcdl.ledger.pg import (
+    CLOSED_UNMERGED,
+    CLOSED_UNMERGED_END,
     MERGED_BY_ANOTHER,
     START_ATTEMPT,
 )
@@ -58,27 +60,39 @@ from vcdl.states import (
 
 
 def _duplicate_if_merged(state: str, reason: str | None) -> dict[str, Any]:
-    """The state and reason of a result that may come in after its subtask was merged.
+    """The state and reason of a result that may come in after its subtask was closed.
 
     What :data:`vcdl.ledger.pg.FINISH_ATTEMPT` sets on PostgreSQL's fast path,
-    for SQLAlchemy: a correlated read of the subtask's merged version, FOR
-    SHARE on PostgreSQL (a fenced ledger) and inside SQLite's write lock.
+    for SQLAlchemy: a correlated read of the subtask's merged version and
+    state, FOR SHARE on PostgreSQL (a fenced ledger) and inside SQLite's
+    write lock. Merged by another attempt: a duplicate; closed without a
+    merge (dropped, failed): rejected.
     """
-    merged = (
-        select(_SUB.c.merged_version)
-        .where(_SUB.c.id == _ATT.c.subtask_id)
-        .with_for_update(read=True)
-        .scalar_subquery()
-    )
+
+    def subtask(column: Any) -> Any:
+        return (
+            select(column)
+            .where(_SUB.c.id == _ATT.c.subtask_id)
+            .with_for_update(read=True)
+            .scalar_subquery()
+        )
+
+    merged, closed = subtask(_SUB.c.merged_version), subtask(_SUB.c.state)
+    was_closed = closed.in_(sorted(CLOSED_UNMERGED))
     why = (
         literal("subtask already merged as v")
         + cast(merged, String)
         + literal(f" {MERGED_BY_ANOTHER}")
     )
+    why_closed = literal("came in after its subtask was ") + closed + literal(CLOSED_UNMERGED_END)
     kept = _ATT.c.reason if reason is None else literal(reason, String)
     return {
-        "state": case((merged.is_(None), literal(state, String)), else_=literal("duplicate")),
-        "reason": case((merged.is_(None), kept), else_=why),
+        "state": case(
+            (merged.is_not(None), literal("duplicate")),
+            (was_closed, literal("rejected")),
+            else_=literal(state, String),
+        ),
+        "reason": case((merged.is_not(None), why), (was_closed, why_closed), else_=kept),
     }
 
 

@@ -448,10 +448,11 @@ def run_attempt(
             written_bytes=written.bytes,
         )
         timings["record"] = time.perf_counter() - t
-        if recorded.state == "duplicate":
-            # Another attempt's result of this subtask was merged first: the
-            # ledger recorded this one a duplicate, nobody will read it (`vcdl
-            # gc` deletes it if this cannot). The driver's merge says duplicate.
+        if recorded.state in ("duplicate", "rejected"):
+            # Another attempt's result of this subtask was merged first, or the
+            # subtask was closed without a merge (dropped, failed): the ledger
+            # recorded this one so, nobody will read it (`vcdl gc` deletes it
+            # if this cannot). The driver's merge says why.
             with contextlib.suppress(StoreError):
                 store.delete(path)
         else:
