@@ -312,7 +312,8 @@ class CostSection(Section):
 
     worker_types: dict[str, str] = Field(
         default_factory=dict,
-        description="Worker address glob -> instance type, for fleets of several types.",
+        description="Worker address or Dask name glob -> instance type, for fleets of several "
+        'types (e.g. {"gpu-*" = "g5.xlarge"}).',
     )
     data_transfer: Literal["same_region", "cross_region", "internet"] = Field(
         "internet",

@@ -93,6 +93,11 @@ def test_the_story_of_a_killed_and_reissued_subtask(
     assert any("#1 killed" in line and "worker died" in line for line in lines), out
     assert any(f"#{merged.number} merged v{story.merged_version}" in line for line in lines), out
     assert any("#2 reissued" in line for line in lines) and all(len(x) <= 100 for x in lines)
+    # Each attempt's worker by its Dask name (stable across restarts) and address.
+    first = next(a for a in ledger.attempts(RUN, 0) if a.shard == shard and a.number == 1)
+    assert first.worker_name, first
+    label = f"{first.worker_name}@{(first.worker or '').split('://')[-1]}"
+    assert any("#1 killed" in line and label in line for line in lines), (label, out)
 
     out = _vcdl(home, capsys)  # the whole run, a line per subtask
     assert "2 subtasks: 2 merged" in out and "#1 killed, #2 " in out

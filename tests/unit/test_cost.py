@@ -158,6 +158,20 @@ def test_instance_for_first_matching_glob_wins() -> None:
     assert instance_for("anything", "x", None) == "x"
 
 
+def test_instance_for_matches_a_workers_dask_name_as_well() -> None:
+    """A spot replacement comes back at a new address under the name its launcher
+    gives it: a glob on the name prices it the same; an address glob still wins first."""
+    types = {"tcp://10.0.9.*": "pinned", "gpu-*": "g5.xlarge"}
+    assert instance_for("tcp://10.0.3.4:4000", "cpu", types, name="gpu-2") == "g5.xlarge"
+    assert instance_for("tcp://10.0.9.1:4000", "cpu", types, name="gpu-2") == "pinned"
+    assert instance_for("tcp://10.0.3.4:4000", "cpu", types, name="cpu-1") == "cpu"
+    assert instance_for("tcp://10.0.3.4:4000", "cpu", types) == "cpu"  # no name recorded
+    named = attempt(worker="tcp://10.0.3.4:1").model_copy(update={"worker_name": "big-7"})
+    s = summary([named, attempt()], worker_types={"big-*": "big"})
+    assert s["instance_types"]["big"]["attempts"] == 1, s["instance_types"]
+    assert s["instance_types"]["cheap"]["attempts"] == 1, s["instance_types"]
+
+
 @PROPS
 @given(
     a=st.floats(0, 1e7, allow_nan=False),

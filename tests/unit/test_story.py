@@ -80,6 +80,7 @@ def test_a_killed_and_reissued_subtask_tells_each_step() -> None:
     assert doc["events"][1] == {
         "at": "2026-03-01T12:00:12.500000+00:00", "seconds": 12.5, "kind": "killed",
         "attempt": 1, "worker": "tcp://10.0.0.1:4000", "version": None, "detail": "worker died",
+        "worker_name": None,
     }  # fmt: skip
 
 
@@ -174,7 +175,7 @@ def test_a_task_handed_back_under_notice_and_its_reissue_are_told() -> None:
     assert story.to_dict()["events"][0] == {
         "at": "2026-03-01T12:00:03+00:00", "seconds": 3.0, "kind": "handed_back",
         "attempt": None, "worker": W7, "version": None,
-        "detail": "untrained, under preemption notice",
+        "detail": "untrained, under preemption notice", "worker_name": None,
     }  # fmt: skip
     lines = timeline(story, "r")
     assert lines[1:3] == [
@@ -312,6 +313,17 @@ def test_offsets_and_worker_names() -> None:
     assert short_worker("tcp://127.0.0.1:40211") == "127.0.0.1:40211" and short_worker(None) == ""
     long = short_worker("tls://" + "a" * 40 + ":1")
     assert len(long) == 22 and "…" in long and long.endswith(":1")
+    # A Dask name of its own goes first; an unnamed worker's name is its address.
+    assert short_worker("tcp://10.0.1.7:40123", name="spot-3") == "spot-3@10.0.1.7:40123"
+    assert short_worker("tcp://10.0.1.7:4", name="tcp://10.0.1.7:4") == "10.0.1.7:4"
+
+
+def test_a_named_workers_events_carry_its_name_in_the_json_and_the_text() -> None:
+    sub = Subtask(id=7, run="r", epoch=2, shard=5, state="merged", attempts=1, merged_version=9)
+    row = attempt(1, "finished", 1, 4, worker_name="gpu-0", result_uri="u", samples=10)
+    story = tell(sub, [row], None, T0)
+    assert {e.to_dict()["worker_name"] for e in story.events} == {"gpu-0"}
+    assert all("gpu-0@10.0.0.1:4000" in line for line in timeline(story, "r")[1:])
 
 
 def _many(n: int, eventful: set[int]) -> RunStory:
@@ -432,7 +444,7 @@ def test_vcdl_story_prints_a_timeline_a_listing_and_json(
     kinds = [e["kind"] for e in doc["subtasks"][0]["events"]]
     assert kinds == ["started", "killed", "reissued", "returned", "merged"]
     assert set(doc["subtasks"][0]["events"][0]) == {
-        "at", "seconds", "kind", "attempt", "worker", "version", "detail"
+        "at", "seconds", "kind", "attempt", "worker", "version", "detail", "worker_name"
     }  # fmt: skip
 
 

@@ -257,7 +257,7 @@ def cost_summary(
     attempts = list(attempts)
     salvaged = salvaged_attempts(attempts)
     for a in attempts:
-        kind = instance_for(a.worker, instance_type, worker_types)
+        kind = instance_for(a.worker, instance_type, worker_types, name=a.worker_name)
         price = prices[kind]
         seconds, is_estimate = attempt_seconds(a, until)
         if is_estimate:
@@ -353,7 +353,7 @@ def cost_report(
 
     ``prices`` defaults to :func:`load_prices` (vcdl's list prices). Every
     worker is ``instance_type`` unless a glob in ``worker_types`` (worker
-    address → instance type) matches it. ``until`` (default: the run's
+    address or Dask name → instance type) matches it. ``until`` (default: the run's
     ``updated_at``) ends attempts the ledger never saw finish; their seconds
     are upper bounds (``upper_bound_seconds``). See the module docstring for
     the definitions. With ``epoch``, of that epoch's attempts only (they

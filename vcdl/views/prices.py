@@ -260,15 +260,21 @@ def instance_for(
     worker: str,
     instance_type: str = DEFAULT_INSTANCE_TYPE,
     worker_types: Mapping[str, str] | None = None,
+    *,
+    name: str | None = None,
 ) -> str:
     """The instance type of ``worker``: the first glob pattern of ``worker_types`` it matches.
 
     Patterns are :func:`fnmatch.fnmatchcase` globs on the worker address as the
-    ledger records it (e.g. ``"tcp://10.0.1.*"``), tried in mapping order;
-    no match gives ``instance_type``.
+    ledger records it (e.g. ``"tcp://10.0.1.*"``) or on the worker's Dask
+    ``name`` (e.g. ``"gpu-*"``: a spot worker's address changes with every
+    replacement, the name its launcher gives it need not), tried in mapping
+    order; no match gives ``instance_type``.
     """
     for pattern, kind in (worker_types or {}).items():
-        if fnmatch.fnmatchcase(worker, pattern):
+        if fnmatch.fnmatchcase(worker, pattern) or (
+            name is not None and fnmatch.fnmatchcase(name, pattern)
+        ):
             return kind
     return instance_type
 

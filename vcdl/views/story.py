@@ -95,10 +95,14 @@ class StoryEvent:
     kind: EventKind
     attempt: int | None = None
     worker: str | None = None
+    """The worker's address (``tcp://host:port``)."""
     version: int | None = None
     """The version a merge made (``merged``, ``pruned``); the base an attempt started from
     (``started``, ``reissued``)."""
     detail: str = ""
+    worker_name: str | None = None
+    """The worker's Dask name (``dask worker --name``), where the ledger has it: stable
+    across the worker's restarts and a resumed driver's new cluster, unlike its address."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"at": self.at.isoformat(), "seconds": round(self.seconds, 3)}
@@ -185,7 +189,9 @@ def _started(a: Attempt, numbers: dict[str, int], start: datetime) -> StoryEvent
             detail += f" ({a.resumed_seconds:.1f} s trained)"
     kind: EventKind = "started" if a.number == 1 else "reissued"
     at = a.started_at
-    return StoryEvent(at, _since(start, at), kind, a.number, a.worker, a.base_version, detail)
+    return StoryEvent(
+        at, _since(start, at), kind, a.number, a.worker, a.base_version, detail, a.worker_name
+    )
 
 
 def _ended(a: Attempt, start: datetime) -> StoryEvent | None:
@@ -202,7 +208,9 @@ def _ended(a: Attempt, start: datetime) -> StoryEvent | None:
     if a.reason and kind != "notice":  # a notice's reason is its kind
         parts.append(a.reason)
     at = a.finished_at
-    return StoryEvent(at, _since(start, at), kind, a.number, a.worker, None, ", ".join(parts))
+    return StoryEvent(
+        at, _since(start, at), kind, a.number, a.worker, None, ", ".join(parts), a.worker_name
+    )
 
 
 def _merged(v: Version, numbers: dict[str, int], start: datetime) -> list[StoryEvent]:

@@ -61,15 +61,16 @@ def offset(seconds: float) -> str:
     return f"{sign}{h}:{m:02d}:{s}" if h else f"{sign}{m}:{s}"
 
 
-def short_worker(worker: str | None, width: int = _WORKER) -> str:
-    """A worker's address without its scheme, its middle elided past ``width``."""
+def short_worker(worker: str | None, width: int = _WORKER, *, name: str | None = None) -> str:
+    """A worker's address without its scheme, after its Dask name where it has one of
+    its own (``spot-3@10.0.1.7:40123``), the middle elided past ``width``."""
     if not worker:
         return ""
-    name = worker.split("://", 1)[-1]
-    if len(name) <= width:
-        return name
+    label = (f"{name}@" if name and name != worker else "") + worker.split("://", 1)[-1]
+    if len(label) <= width:
+        return label
     keep = width - 1
-    return name[: keep - keep // 2] + "…" + name[len(name) - keep // 2 :]
+    return label[: keep - keep // 2] + "…" + label[len(label) - keep // 2 :]
 
 
 def fit(line: str, width: int | None) -> str:
@@ -89,7 +90,7 @@ def _event_line(e: StoryEvent, workers: int) -> str:
     detail = ", ".join(p for p in (_LEAD.get(e.kind, ""), e.detail) if p)
     if e.kind == "reissue" and detail:
         detail = f"because {detail}"
-    worker = short_worker(e.worker)
+    worker = short_worker(e.worker, name=e.worker_name)
     return f"{offset(e.seconds):>10} {number:>3} {what:<11} {worker:<{workers}}  {detail}"
 
 
@@ -105,7 +106,7 @@ def _headline(s: Story) -> str:
 
 def timeline(s: Story, run: str, width: int | None = WIDTH) -> list[str]:
     """One subtask's story: a header, then a line per event."""
-    workers = max((len(short_worker(e.worker)) for e in s.events), default=0)
+    workers = max((len(short_worker(e.worker, name=e.worker_name)) for e in s.events), default=0)
     lines = [f"{_headline(s)} (run {run}; times from its start)"]
     lines += [_event_line(e, workers).rstrip() for e in s.events]
     if not s.events:
