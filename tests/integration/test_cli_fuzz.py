@@ -53,6 +53,7 @@ DISPATCHED = [
     ["runs"],
     ["status"],
     ["story"],
+    ["workers"],
     ["cost"],
     ["audit"],
     ["gc"],

@@ -108,6 +108,23 @@ def test_the_story_of_a_killed_and_reissued_subtask(
     assert any(e["kind"] == "merged" and e["version"] == story.merged_version for e in events)
 
 
+def test_vcdl_workers_of_the_killed_run(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same run's workers, by their LocalCluster names 0 and 1: the killed attempt
+    is counted on its worker's row, every merge on one, and a worker that merged has a
+    measured pace."""
+    ledger = api.run_ref(RUN, home=home).ledger()
+    (killed,) = [a for a in ledger.attempts(RUN) if a.state == "killed"]
+    with pytest.raises(SystemExit) as ended:
+        main(["workers", RUN, "--home", str(home), "--json"])
+    assert ended.value.code in (0, None)
+    doc = json.loads(capsys.readouterr().out)
+    by = {w["worker"]: w for w in doc["workers"]}
+    assert set(by) == {"0", "1"}, by
+    assert by[killed.worker_name or ""]["ends"].get("killed") == 1, by
+    assert sum(w["ends"].get("merged", 0) for w in by.values()) == len(ledger.versions(RUN)) - 1
+    assert all(w["samples_per_s"] > 0 for w in by.values() if w["ends"].get("merged")), by
+
+
 def test_the_prefect_summary_names_the_story_command(home: Path) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey

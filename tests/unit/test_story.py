@@ -380,6 +380,7 @@ def test_the_prefect_summary_names_the_story_commands() -> None:
     md = summary_markdown(s, rows)
     assert "## The story of a subtask" in md
     assert "`vcdl story r --epoch E --shard S` tells everything that happened to a subtask" in md
+    assert "`vcdl workers r` shows each worker's pace" in md
     assert "Epoch 1 had the most reissues (3) and 1 rejection(s): `vcdl story r --epoch 1`." in md
     assert "most reissues" not in summary_markdown(s, [row | {"epoch": 0, "reissues": 0,
                                                             "rejections": 0}])  # fmt: skip

@@ -53,6 +53,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "runs": runs.runs_command,
     "status": runs.status_command,
     "story": runs.story_command,
+    "workers": runs.workers_command,
     "replay": replay.replay_command,
     "diff": replay.diff_command,
     "cost": runs.cost_command,

@@ -1,5 +1,5 @@
-"""``vcdl runs``, ``status``, ``story``, ``cost``, ``audit`` and ``gc``: what the ledger says
-of runs."""
+"""``vcdl runs``, ``status``, ``story``, ``workers``, ``cost``, ``audit`` and ``gc``: what the
+ledger says of runs."""
 
 from __future__ import annotations
 
@@ -34,6 +34,15 @@ def add_parsers(sub: Subparsers, parents: Parents) -> None:
     st.add_argument(
         "--all", action="store_true", help="list every subtask (a summary lists at most 50)"
     )
+
+    w = sub.add_parser(
+        "workers",
+        parents=reporting,
+        help="each worker of a run: attempts and how they ended, its pace (samples a second), "
+        "how busy it was, the staleness of its merges, the time it wasted",
+    )
+    w.add_argument("run")
+    w.add_argument("--epoch", type=int, help="only this epoch's attempts")
 
     co = sub.add_parser("cost", parents=reporting, help="a run's cost, waste and spot savings")
     co.add_argument("run")
@@ -117,6 +126,16 @@ def story_command(args: argparse.Namespace) -> int:
     if not report(args, told.to_dict()):
         width = max(shutil.get_terminal_size().columns, 60) if sys.stdout.isatty() else WIDTH
         print(story_text(told, width=width, every=args.all))
+    return 0
+
+
+def workers_command(args: argparse.Namespace) -> int:
+    from vcdl import api
+    from vcdl.views.workers import document_text, read_workers
+
+    doc = read_workers(api.existing_ledger(args.home, args.ledger), args.run, epoch=args.epoch)
+    if not report(args, doc):
+        print(document_text(doc))
     return 0
 
 

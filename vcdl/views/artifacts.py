@@ -265,7 +265,8 @@ def _story_lines(run: str, rows: Sequence[dict[str, Any]]) -> list[str]:
     lines = [
         f"`vcdl story {run} --epoch E --shard S` tells everything that happened to a subtask: "
         "its attempts, workers, kills, notices, reissues, rejections, the merge and its version. "
-        f"`vcdl story {run} --epoch E` lists an epoch's subtasks, `vcdl story {run}` the run's."
+        f"`vcdl story {run} --epoch E` lists an epoch's subtasks, `vcdl story {run}` the run's; "
+        f"`vcdl workers {run}` shows each worker's pace, losses and the staleness of its merges."
     ]
     eventful = [r for r in rows if r.get("reissues") or r.get("rejections")]
     if eventful:

@@ -318,7 +318,8 @@ def _spans(numbers: Iterable[int]) -> str:
     return ", ".join(out)
 
 
-def _configured_epochs(config: str) -> int | None:
+def configured_epochs(config: str) -> int | None:
+    """The epochs a run's stored config plans; None where it cannot be read."""
     # Read leniently: a story is told of any run, whatever its config's version.
     try:
         epochs = json.loads(config).get("run", {}).get("epochs")
@@ -369,7 +370,7 @@ def read_story(
     :class:`~vcdl.errors.SubtaskNotFound` for an epoch or shard it does not have.
     """
     row = ledger.get_run(run)
-    epochs = _configured_epochs(row.config)
+    epochs = configured_epochs(row.config)
     subtasks = ledger.subtasks(run, epoch)
     if epoch is not None and not subtasks:
         # Only to name the epochs there are: the run's every subtask is read on error only.
