@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vcdl.cli import main
+from tests.cliinproc import vcdl
 from vcdl.ledger import Attempt, Decision, Ledger, Subtask, Version
 from vcdl.ledger.models import DECISIONS_PER_SUBTASK, FOLDED_CHECKSUM
 from vcdl.views.artifacts import summary_markdown
@@ -406,13 +406,6 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "r", second.id, expected_head=0, uri="r/v1", checksum="s1", alpha=0.62, staleness=0
         )
     return tmp_path
-
-
-def vcdl(home: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as ended:
-        main([*args, "--home", str(home)])
-    out, err = capsys.readouterr()
-    return int(ended.value.code or 0), out, err
 
 
 def test_read_story_from_the_ledger(home: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vcdl.cli import main
+from tests.cliinproc import vcdl
 from vcdl.ledger import Attempt, Ledger, Version
 from vcdl.states import ATTEMPT_STATES
 from vcdl.views.workers import document_text, read_workers, worker_rows, workers_text
@@ -162,13 +162,6 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "r", second.id, expected_head=0, uri="r/v1", checksum="s1", alpha=0.5, staleness=0
         )
     return tmp_path
-
-
-def vcdl(home: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as ended:
-        main([*args, "--home", str(home)])
-    out, err = capsys.readouterr()
-    return int(ended.value.code or 0), out, err
 
 
 def test_vcdl_workers_prints_a_table_and_json(
