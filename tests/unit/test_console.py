@@ -306,14 +306,19 @@ def test_the_console_is_told_where_records_were_dropped(
 def test_drops_after_the_last_record_are_counted_at_close(
     stalled: Callable[..., StalledConsole],
 ) -> None:
-    out = stalled(capacity=20)
+    # The pipe full from the start: the writer blocks on its first record, so the
+    # queue fills and stays full. A pipe with room let the writer, slower than
+    # the burst, free a slot late in it, and the last record was queued (CI,
+    # 2026-11-30: 467 dropped, all of them announced, 17 queued).
+    out = stalled(capacity=20, full=True)
     console = out.console
     notices = logging.getLogger("vcdl.console")  # where close_and_report speaks
     notices.addHandler(out.handler)
     try:
-        out.burst(500)  # nobody reads: the pipe, then the queue fill
+        out.burst(500)  # nobody reads: the queue fills behind the blocked writer
         tail = console.dropped - console.reported
-        assert tail > 0  # the burst ends in a gap no later record can announce
+        # The burst ends in a gap no later record can announce.
+        assert tail > 0, (console.dropped, console.reported, console.pending)
         out.read()
         assert close_and_report(console, drain=30) is True
     finally:
