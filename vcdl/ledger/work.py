@@ -59,7 +59,7 @@ from vcdl.states import (
 )
 
 
-def _duplicate_if_merged(state: str, reason: str | None) -> dict[str, Any]:
+def _late_result_end(state: str, reason: str | None) -> dict[str, Any]:
     """The state and reason of a result that may come in after its subtask was closed.
 
     What :data:`vcdl.ledger.pg.FINISH_ATTEMPT` sets on PostgreSQL's fast path,
@@ -413,7 +413,7 @@ class WorkQueries(LedgerBase):
         values = {k: v for k, v in given.items() if v is not None}
         values |= {"state": state, "finished_at": now}
         if state in MERGEABLE_ATTEMPT_STATES:
-            values |= _duplicate_if_merged(state, given.get("reason"))
+            values |= _late_result_end(state, given.get("reason"))
         stmt = (
             update(_ATT)
             .where(_ATT.c.id == attempt_id, _ATT.c.state.in_(sorted(allowed_from)))
