@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from vcdl.driver.throughput import throughput_by_worker, worker_key
+from vcdl.driver.throughput import MEASURED_STATES, throughput_by_worker, worker_key
 from vcdl.ledger import Attempt, Ledger, Version, attempt_timings
 from vcdl.states import WASTE_ATTEMPT_STATES
 from vcdl.views.cost import attempt_seconds
@@ -98,7 +98,7 @@ def worker_rows(
     rows = []
     for key, own in groups.items():
         seconds = [attempt_seconds(a, until)[0] for a in own]
-        trained = [a for a in own if a.state in ("merged", "finished", "interrupted")]
+        trained = [a for a in own if a.state in MEASURED_STATES]
         start = min(a.started_at for a in own)
         end = max(a.finished_at or until for a in own)
         span = (end - start).total_seconds()
